@@ -1,0 +1,38 @@
+"""Celery transport settings: late acks, JSON only, prefetch 1, continuation queue consumed first."""
+
+from __future__ import annotations
+
+from kombu import Queue
+
+from fenced.settings import get_settings
+from tasks import queues
+
+_settings = get_settings()
+
+broker_url = _settings.effective_broker_url
+broker_connection_retry_on_startup = True
+# Consume queues in the listed order (BRPOP key order), not round robin: continuations come first.
+broker_transport_options = {"queue_order_strategy": "priority", "visibility_timeout": 3600}
+
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+task_ignore_result = True
+result_backend = None
+
+# A message is a wake-up call; the run row decides. Ack late so a message is not lost before the
+# claim, and ack (not requeue) when a worker dies: our reaper rescues, Celery must not re-run poison.
+task_acks_late = True
+task_reject_on_worker_lost = False
+task_acks_on_failure_or_timeout = True
+worker_prefetch_multiplier = 1
+worker_concurrency = _settings.concurrency
+worker_pool = "threads"  # agent steps wait on I/O; see README for prefork
+task_time_limit = _settings.step_timeout_s + 30
+worker_hijack_root_logger = False
+
+task_queues = [Queue(name, routing_key=name) for name in queues.ALL]
+task_default_queue = queues.NORMAL
+task_create_missing_queues = False
+worker_send_task_events = True
+task_send_sent_event = True

@@ -1,0 +1,134 @@
+"""Engines and transactions for the run store: MySQL/MariaDB via PyMySQL, or SQLite in WAL mode."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
+
+from fenced.settings import get_settings
+
+_lock = threading.Lock()
+_engines: dict[tuple[int, str], Engine] = {}
+T = TypeVar("T")
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The engine for `url` (default: settings) in this process; a forked child makes its own."""
+    url = url or get_settings().db_url
+    key = (os.getpid(), url)
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = _make_engine(url)
+        return engine
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # pysqlite's own deferred BEGIN off; see _begin_immediate
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin_immediate(conn: Connection) -> None:
+            # Writers take the lock at BEGIN, so a read-then-write never fails with "database is locked".
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return sa.create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_recycle=3600,
+        pool_size=5,
+        max_overflow=10,
+        connect_args={"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30},
+        isolation_level="READ COMMITTED",
+    )
+
+
+def dispose_all() -> None:
+    """Drop this process's engines (tests; or after a fork, the parent's pool must not be shared)."""
+    with _lock:
+        for (pid, _url), engine in list(_engines.items()):
+            if pid == os.getpid():
+                engine.dispose()
+            del _engines[(pid, _url)]
+
+
+def is_transient_db_error(exc: BaseException) -> bool:
+    """Connection-level failures (server restarting, dropped socket, deadlock/lock wait): worth retrying."""
+    if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+        return True
+    return isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+
+
+db_retry = retry(
+    retry=retry_if_exception(is_transient_db_error),
+    wait=wait_random_exponential(multiplier=0.1, max=2),
+    stop=stop_after_delay(60),
+    reraise=True,
+)
+"""Retry a whole transaction on transient database errors for up to 60 s.
+
+Trades latency for riding out a database restart; only for transactions whose writes are idempotent
+(absolute values, fenced by epoch), because a commit whose reply was lost is retried too."""
+
+
+@contextmanager
+def transaction(url: str | None = None) -> Iterator[Connection]:
+    """One transaction on the store; functions that take its connection end in `_txn`."""
+    with get_engine(url).begin() as conn:
+        yield conn
+
+
+def in_txn(fn: Callable[..., T], *args: Any, url: str | None = None, **kwargs: Any) -> T:
+    """Run `fn(conn, *args, **kwargs)` in one transaction, retried as a whole on transient errors."""
+
+    @db_retry
+    def attempt() -> T:
+        with transaction(url) as conn:
+            return fn(conn, *args, **kwargs)
+
+    return attempt()
+
+
+def migrate(url: str | None = None) -> None:
+    """Bring the schema to head with Alembic (MySQL: under a named lock, so workers can race safely)."""
+    from alembic import command
+    from alembic.config import Config
+
+    url = url or get_settings().db_url
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    engine = get_engine(url)
+    if engine.dialect.name == "mysql":
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT GET_LOCK('fenced_migrate', 60)")
+            try:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                conn.commit()
+            finally:
+                conn.exec_driver_sql("SELECT RELEASE_LOCK('fenced_migrate')")
+    else:
+        with engine.connect() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()

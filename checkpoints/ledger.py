@@ -1,0 +1,50 @@
+"""The ledger: every decision a person may later question, with its reason, one row each."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from checkpoints.db import in_txn, transaction
+from checkpoints.schema import run_ledger
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: int
+    run_id: str
+    at_ms: int
+    epoch: int
+    actor: str
+    kind: str
+    reason: str
+    detail: dict[str, Any]
+
+
+def record_txn(conn: Connection, run_id: str, epoch: int, actor: str, kind: str, reason: str,
+               detail: dict[str, Any] | None = None) -> None:
+    """Add one entry inside the caller's transaction (so it commits with the decision it explains)."""
+    conn.execute(run_ledger.insert().values(
+        run_id=run_id, at_ms=int(time.time() * 1000), epoch=epoch, actor=actor, kind=kind, reason=reason,
+        detail=json.dumps(detail, sort_keys=True, default=str) if detail else None,
+    ))
+
+
+def record(run_id: str, epoch: int, actor: str, kind: str, reason: str,
+           detail: dict[str, Any] | None = None) -> None:
+    """Add one entry in its own transaction (for decisions that write nothing else)."""
+    in_txn(record_txn, run_id, epoch, actor, kind, reason, detail)
+
+
+def history(run_id: str) -> list[Entry]:
+    """A run's ledger, oldest first."""
+    with transaction() as conn:
+        rows = conn.execute(sa.select(run_ledger).where(run_ledger.c.run_id == run_id)
+                            .order_by(run_ledger.c.id)).mappings().all()
+    return [Entry(r["id"], r["run_id"], r["at_ms"], r["epoch"], r["actor"], r["kind"], r["reason"],
+                  json.loads(r["detail"]) if r["detail"] else {}) for r in rows]

@@ -1,0 +1,285 @@
+"""The run row: create with its hold, load, claim (epoch + 1), and every fenced write after the claim.
+
+Every write after a claim is `UPDATE ... WHERE run_id = ? AND epoch = ?`; 0 rows raises FencedOut.
+Writes set absolute values (never `x = x + 1`), so a transaction retried after a lost commit reply is
+harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from checkpoints import billing, codec, ledger
+from checkpoints.db import in_txn, transaction
+from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_steps
+from fenced.errors import FencedOut, InvalidRequest
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Run:
+    """A snapshot of one run row; `checkpoint` is decoded."""
+
+    run_id: str
+    user_id: str
+    kind: str
+    query: str
+    state: str
+    epoch: int
+    owner: str | None
+    step: int
+    phase: str
+    checkpoint: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    model_calls: int
+    last_event_id: str
+    deliveries: int
+    total_deliveries: int
+    answer: str | None
+    error_class: str | None
+    error: str | None
+    created_at_ms: int
+    updated_at_ms: int
+    finished_at_ms: int | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Run:
+        data = dict(row)
+        data["checkpoint"] = codec.decode(data["checkpoint"])
+        return cls(**data)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state not in ("queued", "running", "waiting")
+
+
+@dataclass
+class Claim:
+    """This delivery's ownership: `epoch` is its fencing token for every later write."""
+
+    run: Run
+    epoch: int
+    token: str
+    attempt_id: int
+    takeover: bool
+    previous_owner: str | None
+    deliveries: int
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_id() -> str:
+    return str(uuid.uuid4())
+
+
+def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, actor: str) -> int:
+    """Insert the run row, its billing hold and a ledger entry; returns the credits held."""
+    if kind not in ("normal", "large"):
+        raise InvalidRequest(f"kind must be 'normal' or 'large', not {kind!r}")
+    if not user_id or len(user_id) > 128:
+        raise InvalidRequest("user_id must be 1 to 128 characters")
+    if not query.strip():
+        raise InvalidRequest("query must not be empty")
+    now = now_ms()
+    conn.execute(run_checkpoints.insert().values(
+        run_id=run_id, user_id=user_id, kind=kind, query=query, state="queued", epoch=0, owner=None,
+        step=0, phase="none", checkpoint=None, prompt_tokens=0, completion_tokens=0, model_calls=0,
+        last_event_id="", deliveries=0, total_deliveries=0, created_at_ms=now, updated_at_ms=now,
+    ))
+    credits = billing.create_hold_txn(conn, run_id, user_id, kind, now)
+    ledger.record_txn(conn, run_id, 0, actor, "submitted", f"{kind} run submitted, {credits} credits held")
+    return credits
+
+
+def get_run(run_id: str) -> Run | None:
+    with transaction() as conn:
+        row = conn.execute(sa.select(run_checkpoints).where(run_checkpoints.c.run_id == run_id)).mappings().first()
+    return Run.from_row(row) if row else None
+
+
+def list_runs(limit: int = 50, state: str | None = None) -> list[Run]:
+    q = sa.select(run_checkpoints).order_by(run_checkpoints.c.created_at_ms.desc()).limit(limit)
+    if state:
+        q = q.where(run_checkpoints.c.state == state)
+    with transaction() as conn:
+        return [Run.from_row(r) for r in conn.execute(q).mappings().all()]
+
+
+def claim(run: Run, token: str) -> Claim | None:
+    """Bump the epoch if nobody claimed since `run` was read (compare-and-set); None if someone did."""
+    return in_txn(_claim_txn, run, token)
+
+
+def _claim_txn(conn: Connection, run: Run, token: str) -> Claim | None:
+    now = now_ms()
+    epoch = run.epoch + 1
+    updated = conn.execute(run_checkpoints.update().where(
+        run_checkpoints.c.run_id == run.run_id, run_checkpoints.c.epoch == run.epoch,
+        run_checkpoints.c.state.in_(LIVE_STATES),
+    ).values(epoch=epoch, owner=token, state="running", deliveries=run.deliveries + 1,
+             total_deliveries=run.total_deliveries + 1, updated_at_ms=now)).rowcount
+    if not updated:
+        # A retried transaction whose first commit landed finds its own token: the claim is ours.
+        mine = conn.execute(sa.select(run_checkpoints.c.owner, run_checkpoints.c.epoch)
+                            .where(run_checkpoints.c.run_id == run.run_id)).first()
+        if mine is None or mine.owner != token or mine.epoch != epoch:
+            return None
+    attempt_id = conn.execute(run_attempts.insert().values(
+        run_id=run.run_id, step=run.step, epoch=epoch, worker=token, started_at_ms=now,
+    )).inserted_primary_key[0]
+    takeover = run.owner is not None
+    if takeover:
+        ledger.record_txn(conn, run.run_id, epoch, token, "takeover",
+                          f"previous holder {run.owner} (epoch {run.epoch}) never handed step {run.step} over; "
+                          f"resuming from checkpoint phase '{run.phase}'",
+                          {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase,
+                           "delivery": run.deliveries + 1})
+    else:
+        ledger.record_txn(conn, run.run_id, epoch, token, "claimed", f"step {run.step} claimed",
+                          {"delivery": run.deliveries + 1})
+    return Claim(run=run, epoch=epoch, token=token, attempt_id=int(attempt_id), takeover=takeover,
+                 previous_owner=run.owner, deliveries=run.deliveries + 1)
+
+
+def fenced_update_txn(conn: Connection, run_id: str, epoch: int, what: str, **values: Any) -> None:
+    """The fenced write: update the row only while `epoch` is still the run's epoch."""
+    values.setdefault("updated_at_ms", now_ms())
+    updated = conn.execute(run_checkpoints.update().where(
+        run_checkpoints.c.run_id == run_id, run_checkpoints.c.epoch == epoch,
+    ).values(**values)).rowcount
+    if not updated:
+        raise FencedOut(run_id, epoch, what)
+
+
+def _step_row_txn(conn: Connection, c: Claim, step: int, phase: str, blob: bytes, prompt: int, completion: int) -> None:
+    conn.execute(run_steps.insert().values(
+        run_id=c.run.run_id, step=step, epoch=c.epoch, phase=phase, owner=c.token, prompt_tokens=prompt,
+        completion_tokens=completion, checkpoint=blob, at_ms=now_ms(),
+    ))
+
+
+def _end_attempt_txn(conn: Connection, attempt_id: int, outcome: str, error: str | None = None) -> None:
+    conn.execute(run_attempts.update().where(run_attempts.c.id == attempt_id)
+                 .values(ended_at_ms=now_ms(), outcome=outcome, error=error))
+
+
+@dataclass
+class Usage:
+    """Usage recorded so far for a run (absolute totals)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model_calls: int = 0
+
+
+def write_decided(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
+    """Checkpoint A: the model's decision and the call's usage; a resume replays it, never re-calls."""
+    blob = codec.encode(checkpoint)
+
+    def txn(conn: Connection) -> None:
+        fenced_update_txn(conn, c.run.run_id, c.epoch, f"checkpoint A of step {step}", phase="decided",
+                          checkpoint=blob, prompt_tokens=usage.prompt_tokens,
+                          completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
+                          last_event_id=last_event_id)
+        _step_row_txn(conn, c, step, "decided", blob, usage.prompt_tokens, usage.completion_tokens)
+
+    in_txn(txn)
+
+
+def write_step_done(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
+    """Checkpoint B: every tool returned; the run moves to step + 1 and the holder lets go."""
+    blob = codec.encode(checkpoint)
+
+    def txn(conn: Connection) -> None:
+        fenced_update_txn(conn, c.run.run_id, c.epoch, f"checkpoint B of step {step}", step=step + 1,
+                          phase="done", checkpoint=blob, owner=None, deliveries=0,
+                          last_event_id=last_event_id)
+        _step_row_txn(conn, c, step, "done", blob, usage.prompt_tokens, usage.completion_tokens)
+        _end_attempt_txn(conn, c.attempt_id, "step_done")
+
+    in_txn(txn)
+
+
+def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_event_id: str, *,
+           answer: str | None = None, error_class: str | None = None, error: str | None = None) -> int | None:
+    """The terminal transaction: final row, settlement and ledger in ONE fenced commit; returns the charge."""
+    blob = codec.encode(checkpoint)
+
+    def txn(conn: Connection) -> int | None:
+        now = now_ms()
+        fenced_update_txn(conn, c.run.run_id, c.epoch, f"terminal write ({state})", state=state,
+                          checkpoint=blob, owner=None, answer=answer, error_class=error_class, error=error,
+                          last_event_id=last_event_id, finished_at_ms=now, updated_at_ms=now)
+        charge = billing.settle_txn(conn, c.run.run_id, c.epoch, c.token, usage.prompt_tokens,
+                                    usage.completion_tokens, now)
+        reason = f"run {state}" + (f": [{error_class}] {error}" if error else "")
+        ledger.record_txn(conn, c.run.run_id, c.epoch, c.token, state, reason, {"charge": charge})
+        _end_attempt_txn(conn, c.attempt_id, state, error)
+        return charge
+
+    return in_txn(txn)
+
+
+def park(c: Claim, reason: str, usage: Usage, last_event_id: str) -> None:
+    """The run waits for a person (a fixable failure): no lease, no worker occupied, reason recorded."""
+
+    def txn(conn: Connection) -> None:
+        fenced_update_txn(conn, c.run.run_id, c.epoch, "park (waiting)", state="waiting", owner=None,
+                          error_class="fixable", error=reason, prompt_tokens=usage.prompt_tokens,
+                          completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
+                          last_event_id=last_event_id)
+        ledger.record_txn(conn, c.run.run_id, c.epoch, c.token, "waiting", f"waiting for input: {reason}")
+        _end_attempt_txn(conn, c.attempt_id, "waiting", reason)
+
+    in_txn(txn)
+
+
+def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> list[dict[str, Any]]:
+    """Send the run to `dead`: keep every attempt and the last observations; settle what was used."""
+
+    def txn(conn: Connection) -> list[dict[str, Any]]:
+        now = now_ms()
+        run = c.run
+        fenced_update_txn(conn, run.run_id, c.epoch, "dead-letter", state="dead", owner=None,
+                          error_class="dead", error=reason, finished_at_ms=now, updated_at_ms=now)
+        attempts = [dict(r) for r in conn.execute(
+            sa.select(run_attempts).where(run_attempts.c.run_id == run.run_id).order_by(run_attempts.c.id)
+        ).mappings().all()]
+        _end_attempt_txn(conn, c.attempt_id, "dead", reason)
+        conn.execute(dead_letters.delete().where(dead_letters.c.run_id == run.run_id))
+        conn.execute(dead_letters.insert().values(
+            run_id=run.run_id, step=run.step, reason=reason, attempts=json.dumps(attempts, default=str),
+            observations=json.dumps(observations, default=str), at_ms=now,
+        ))
+        billing.settle_txn(conn, run.run_id, c.epoch, c.token, run.prompt_tokens, run.completion_tokens, now)
+        ledger.record_txn(conn, run.run_id, c.epoch, c.token, "dead_lettered", reason,
+                          {"attempts": len(attempts)})
+        return attempts
+
+    return in_txn(txn)
+
+
+def end_attempt(attempt_id: int, outcome: str, error: str | None = None) -> None:
+    """Close an attempt that ended without a fenced write of its own (fenced out, lease lost)."""
+    in_txn(_end_attempt_txn, attempt_id, outcome, error)
+
+
+def stalled(older_than_ms: int, limit: int = 500) -> list[tuple[str, int, str]]:
+    """Runs the database calls live (queued/running) that made no progress since `older_than_ms`."""
+    with transaction() as conn:
+        rows = conn.execute(
+            sa.select(run_checkpoints.c.run_id, run_checkpoints.c.step, run_checkpoints.c.kind)
+            .where(run_checkpoints.c.state.in_(LIVE_STATES), run_checkpoints.c.updated_at_ms < older_than_ms)
+            .order_by(run_checkpoints.c.updated_at_ms).limit(limit)
+        ).all()
+    return [(r.run_id, r.step, r.kind) for r in rows]

@@ -1,0 +1,148 @@
+"""The run store's tables (SQLAlchemy Core). Alembic migrations own the schema; this mirrors the head."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+RUN_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled", "dead")
+TERMINAL_STATES = ("done", "failed", "cancelled", "dead")
+LIVE_STATES = ("queued", "running")
+PHASES = ("none", "decided", "done")
+
+# MEDIUMBLOB on MySQL (16 MiB); plain BLOB elsewhere.
+Blob = LargeBinary(length=16 * 1024 * 1024)
+
+run_checkpoints = Table(
+    "run_checkpoints",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("user_id", String(128), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("query", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("owner", String(160)),  # lease token of the current holder; NULL between steps
+    Column("step", Integer, nullable=False),
+    Column("phase", String(16), nullable=False),  # none / decided / done: the last checkpoint written
+    Column("checkpoint", Blob),  # compressed JSON, see checkpoints.codec
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("model_calls", Integer, nullable=False),
+    Column("last_event_id", String(64), nullable=False),
+    Column("deliveries", Integer, nullable=False),  # claims of the current step
+    Column("total_deliveries", Integer, nullable=False),
+    Column("answer", Text),
+    Column("error_class", String(16)),
+    Column("error", Text),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Column("updated_at_ms", BigInteger, nullable=False),  # last progress: the sweeper's clock
+    Column("finished_at_ms", BigInteger),
+    Index("ix_run_checkpoints_state_updated", "state", "updated_at_ms"),
+    Index("ix_run_checkpoints_user", "user_id"),
+)
+
+run_steps = Table(
+    "run_steps",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("phase", String(16), nullable=False),
+    Column("owner", String(160)),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("checkpoint", Blob),
+    Column("at_ms", BigInteger, nullable=False),
+    Index("ix_run_steps_run", "run_id", "step"),
+)
+
+run_holds = Table(
+    "run_holds",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("user_id", String(128), nullable=False),
+    Column("credits_held", Integer, nullable=False),
+    Column("state", String(16), nullable=False),  # held -> settled | released
+    Column("credits_charged", Integer),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Column("expires_at_ms", BigInteger, nullable=False),
+    Column("closed_at_ms", BigInteger),
+    Index("ix_run_holds_state_expires", "state", "expires_at_ms"),
+)
+
+run_attempts = Table(
+    "run_attempts",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("worker", String(160), nullable=False),
+    Column("started_at_ms", BigInteger, nullable=False),
+    Column("ended_at_ms", BigInteger),
+    Column("outcome", String(32)),  # NULL while running, or when the worker died
+    Column("error", Text),
+    Index("ix_run_attempts_run", "run_id", "epoch"),
+)
+
+run_ledger = Table(
+    "run_ledger",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("actor", String(160), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("detail", Text),  # JSON
+    Index("ix_run_ledger_run", "run_id", "id"),
+)
+
+cart_cards = Table(
+    "cart_cards",
+    metadata,
+    Column("card_id", String(64), primary_key=True),
+    Column("request_key", String(255), nullable=False, unique=True),
+    Column("run_id", String(64), nullable=False),
+    Column("operation_id", String(64), nullable=False, unique=True),
+    Column("items", Text, nullable=False),  # JSON, sorted by item id
+    Column("total_cents", Integer, nullable=False),
+    Column("state", String(16), nullable=False),  # offered -> confirmed
+    Column("epoch", Integer, nullable=False),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Index("ix_cart_cards_run", "run_id"),
+)
+
+orders = Table(
+    "orders",
+    metadata,
+    Column("order_id", String(64), primary_key=True),
+    Column("operation_id", String(64), nullable=False, unique=True),
+    Column("card_id", String(64), nullable=False),
+    Column("created_at_ms", BigInteger, nullable=False),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("step", Integer, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("attempts", Text, nullable=False),  # JSON: every attempt with its error
+    Column("observations", Text),  # JSON: the last worker's view
+    Column("at_ms", BigInteger, nullable=False),
+)

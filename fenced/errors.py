@@ -1,0 +1,67 @@
+"""The exception tree of fenced. Fencing and cancellation are BaseExceptions: user code cannot swallow them."""
+
+from __future__ import annotations
+
+
+class FencedError(Exception):
+    """Base of every ordinary error raised by fenced."""
+
+
+class ConfigError(FencedError):
+    """Settings that cannot work together."""
+
+
+class RunNotFound(FencedError):
+    """No run has this id."""
+
+
+class InvalidRequest(FencedError):
+    """Bad input from a caller; nothing was written."""
+
+
+class StepError(FencedError):
+    """Base of errors a model call or a tool raises, by failure class."""
+
+    failure_class = "terminal"
+
+
+class TransientError(StepError):
+    """Worth retrying: a timeout, a 5xx, a dropped connection."""
+
+    failure_class = "transient"
+
+
+class FixableError(StepError):
+    """Needs input from a person (bad tool input the model cannot repair, missing information)."""
+
+    failure_class = "fixable"
+
+
+class TerminalError(StepError):
+    """Retrying cannot help: the run fails and what was used is settled."""
+
+    failure_class = "terminal"
+
+
+class Interrupt(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Base of signals that end a step at once and must not be swallowed by `except Exception`."""
+
+
+class FencedOut(Interrupt):
+    """A newer claim exists: this holder's write was refused. Stop without any terminal write."""
+
+    def __init__(self, run_id: str, epoch: int, what: str) -> None:
+        super().__init__(f"run {run_id}: epoch {epoch} fenced out at {what}")
+        self.run_id, self.epoch, self.what = run_id, epoch, what
+
+
+class LeaseLost(Interrupt):
+    """The watchdog could not renew the lease: stop at the next boundary."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id}: lease lost")
+        self.run_id = run_id
+
+
+class RunCancelled(Interrupt):
+    """The run was cancelled while this step ran."""

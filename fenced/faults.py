@@ -1,0 +1,46 @@
+"""Named fault-injection points for tests and chaos runs; inert unless FENCED_FAULTS_ENABLED is set.
+
+A test arms a point in Redis (`arm("after_model_call")`); the next worker to pass it records the hit
+and then hangs (FENCED_FAULT_ACTION=hang, the default: the test SIGKILLs the process group) or kills
+its own process group (FENCED_FAULT_ACTION=kill).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import structlog
+
+from fenced.settings import get_settings
+from fencing import keys
+from fencing.connection import get_redis
+from fencing.scripts import scripts_for
+
+POINTS = (
+    "after_model_call",  # the model answered, checkpoint A not written
+    "after_tools",  # every tool returned, checkpoint B not written
+    "after_terminal_write",  # the terminal transaction committed, the message not acked
+)
+log = structlog.get_logger("fenced.faults")
+
+
+def point(name: str, run_id: str) -> None:
+    """Pass fault point `name`; fires only if armed and faults are enabled in this process."""
+    if not get_settings().faults_enabled:
+        return
+    client = get_redis()
+    fired = scripts_for(client)("fault_hit", [keys.FAULTS, keys.FAULT_HITS], [name, f"{name} {run_id} {os.getpid()}"])
+    if not fired:
+        return
+    log.warning("fault_point_fired", point=name, run_id=run_id, pid=os.getpid())
+    if os.environ.get("FENCED_FAULT_ACTION", "hang") == "kill":
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    time.sleep(3600)
+
+
+def arm(name: str, times: int = 1) -> None:
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}; known: {', '.join(POINTS)}")
+    get_redis().hset(keys.FAULTS, name, times)

@@ -1,0 +1,79 @@
+"""One typed settings object, read from FENCED_* environment variables; defaults from DESIGN.md."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the runtime. Units are in the names; each default is documented here only."""
+
+    model_config = SettingsConfigDict(env_prefix="FENCED_", extra="ignore")
+
+    # Stores. Empty means "embedded": the demo starts a private redis-server and uses SQLite.
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Leases, epoch mirror, events, broker")
+    broker_url: str = Field("", description="Celery broker; empty = same as redis_url")
+    db_url: str = Field("sqlite:///fenced.db", description="The run store (MySQL/MariaDB or SQLite)")
+
+    # Leases and liveness.
+    lease_ttl_ms: int = Field(30_000, gt=0, description="Lease lifetime without renewal")
+    heartbeat_ms: int = Field(10_000, gt=0, description="Watchdog renewal period")
+    reaper_tick_ms: int = Field(1_000, gt=0, description="How often each worker looks for expired leases")
+    sweeper_interval_ms: int = Field(30_000, gt=0, description="How often one worker sweeps the database")
+    sweeper_grace_ms: int = Field(60_000, gt=0, description="No lease and no progress for this long => rescue")
+    max_deliveries: int = Field(3, gt=0, description="Claims of one step without finishing before dead-letter")
+    dead_letter_keep: int = Field(1_000, gt=0, description="Entries kept in the dead-letter stream")
+    events_keep: int = Field(10_000, gt=0, description="Entries kept per run event stream")
+
+    # Steps and retries.
+    step_timeout_s: int = Field(300, gt=0, description="Hard bound on one step")
+    drain_s: int = Field(330, gt=0, description="Graceful drain on SIGTERM")
+    retry_base_ms: int = Field(200, gt=0, description="Transient retry backoff base")
+    retry_cap_ms: int = Field(5_000, gt=0, description="Transient retry backoff cap")
+    retry_budget: int = Field(5, ge=0, description="Transient retries per step")
+    concurrency: int = Field(4, gt=0, description="Worker concurrency")
+
+    # Billing.
+    hold_normal_credits: int = Field(20, gt=0)
+    hold_large_credits: int = Field(60, gt=0)
+    hold_expiry_s: int = Field(900, gt=0, description="A hold nobody ran is released after this")
+    credits_per_1k_tokens: float = Field(5.0, ge=0, description="Price of model usage")
+
+    # The demo agent's stub model.
+    stub_step_ms: int = Field(300, ge=0, description="Simulated model latency per step")
+    stub_tokens: int = Field(800, ge=0, description="Tokens per stub model call (normal runs; large x3)")
+    model: str = Field("stub", description="'stub' or 'openai' (an OpenAI-compatible endpoint)")
+    openai_base_url: str = Field("http://127.0.0.1:8000/v1")
+    openai_api_key: str = Field("")
+    openai_model: str = Field("gpt-4o-mini")
+
+    # Tests and chaos only: named fault-injection points are checked only when this is on.
+    faults_enabled: bool = Field(False, description="Arm-able fault points (tests, chaos)")
+
+    @model_validator(mode="after")
+    def _check_ratio(self) -> Settings:
+        if self.lease_ttl_ms < 3 * self.heartbeat_ms:
+            warnings.warn(
+                f"lease_ttl_ms={self.lease_ttl_ms} is under 3 x heartbeat_ms={self.heartbeat_ms}: "
+                "one slow renewal can lose a healthy lease",
+                stacklevel=2,
+            )
+        return self
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def is_mysql(self) -> bool:
+        return self.db_url.startswith("mysql")
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

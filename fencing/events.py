@@ -1,0 +1,94 @@
+"""A run's live event stream: appended through the fenced Lua script, read by clients that merge by id."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from fenced.errors import FencedOut
+from fenced.settings import get_settings
+from fencing import keys
+from fencing.connection import get_redis
+from fencing.scripts import scripts_for
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry: `eid` is stable across replays (a replayed tool reuses its tool-call id)."""
+
+    eid: str
+    type: str
+    step: int
+    epoch: int
+    data: dict[str, Any]
+    stream_id: str = ""
+
+    def fields(self) -> list[str]:
+        return ["eid", self.eid, "type", self.type, "step", str(self.step), "epoch", str(self.epoch),
+                "data", json.dumps(self.data, separators=(",", ":"), sort_keys=True)]
+
+
+def append(run_id: str, epoch: int, eid: str, type_: str, step: int, data: dict[str, Any] | None = None,
+           client: redis.Redis | None = None) -> str:
+    """Append one event as holder `epoch`; raises FencedOut if a newer epoch owns the run."""
+    return append_many(run_id, epoch, [(eid, type_, step, data or {})], client=client)[-1]
+
+
+def append_many(run_id: str, epoch: int, items: list[tuple[str, str, int, dict[str, Any]]],
+                client: redis.Redis | None = None) -> list[str]:
+    """Append several events in one round trip; all or the first refused raises FencedOut."""
+    client = client or get_redis()
+    scripts = scripts_for(client)
+    maxlen = get_settings().events_keep
+    pipe = client.pipeline(transaction=False)
+    for eid, type_, step, data in items:
+        event = Event(eid, type_, step, epoch, data)
+        scripts("append_event", [keys.epoch(run_id), keys.events(run_id)], [epoch, maxlen, *event.fields()],
+                client=pipe)
+    ids = pipe.execute()
+    if any(i is None for i in ids):
+        raise FencedOut(run_id, epoch, f"event {items[ids.index(None)][0]}")
+    return [str(i) for i in ids]
+
+
+def read(run_id: str, after: str = "-", client: redis.Redis | None = None) -> list[Event]:
+    """Every event of a run after stream id `after` (exclusive), oldest first."""
+    client = client or get_redis()
+    start = "-" if after in ("", "-") else f"({after}"
+    out = []
+    for stream_id, f in client.xrange(keys.events(run_id), min=start):
+        out.append(Event(f["eid"], f["type"], int(f["step"]), int(f["epoch"]), json.loads(f["data"]), stream_id))
+    return out
+
+
+def live_view(events: list[Event]) -> list[Event]:
+    """What a client shows: superseded half steps dropped, then merged by `eid` (first wins).
+
+    A `task_resumed` event names the last event id its checkpoint covered; events after that id and
+    before the resume came from work the crash threw away and are superseded.
+    """
+    superseded: set[str] = set()
+    for i, ev in enumerate(events):
+        if ev.type == "task_resumed":
+            covered = ev.data.get("last_event_id") or ""
+            for prior in events[:i]:
+                if prior.type != "task_resumed" and _after(prior.stream_id, covered):
+                    superseded.add(prior.stream_id)
+    seen: set[str] = set()
+    view = []
+    for ev in events:
+        if ev.stream_id in superseded or ev.eid in seen:
+            continue
+        seen.add(ev.eid)
+        view.append(ev)
+    return view
+
+
+def _after(stream_id: str, covered: str) -> bool:
+    if not covered:
+        return True
+    a, b = (tuple(int(x) for x in s.split("-")) for s in (stream_id, covered))
+    return a > b

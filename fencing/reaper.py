@@ -1,0 +1,49 @@
+"""The reaper: finds leases past their deadline in the index and rescues their runs, once each.
+
+Cost per tick grows with the number of expired leases (one ZRANGEBYSCORE), not with runs in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from checkpoints import ledger
+from fencing import keys
+from fencing.connection import get_redis, process_token
+from fencing.lease import now_ms
+from fencing.scripts import scripts_for
+
+log = structlog.get_logger("fencing.reaper")
+Send = Callable[[str], None]  # send a fresh wake-up for a run (whatever step it is at)
+
+
+def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
+    """Send a wake-up if the run has no lease and nobody rescued it within `grace_ms`."""
+    client = get_redis()
+    if not scripts_for(client)("rescue", [keys.lease(run_id), keys.rescue(run_id)], [grace_ms, process_token()]):
+        return False
+    send(run_id)
+    log.warning("rescued", run_id=run_id, reason=reason)
+    try:
+        ledger.record(run_id, -1, process_token(), "rescue", reason)
+    except Exception as exc:  # the wake-up is out; the record is best effort
+        log.warning("rescue_record_failed", run_id=run_id, error=repr(exc))
+    return True
+
+
+def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
+    """One reaper tick: rescue runs whose lease deadline passed. Returns the runs rescued."""
+    client = get_redis()
+    scripts = scripts_for(client)
+    now = now_ms()
+    rescued = []
+    for run_id in client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch):
+        if not scripts("pop_expired", [keys.LEASE_INDEX], [run_id, now]):
+            continue  # renewed meanwhile, or another reaper took it
+        # The marker blocks a second rescue for one lease lifetime: the rescued delivery's own lease
+        # cannot expire sooner, so a dead rescuer is reaped again on time.
+        if rescue(run_id, lease_ttl_ms, "lease expired without a handover", send):
+            rescued.append(run_id)
+    return rescued

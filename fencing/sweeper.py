@@ -1,0 +1,46 @@
+"""The sweeper: runs the database calls live but that have no lease and no progress get a wake-up.
+
+Covers what the reaper cannot see: Redis lost its data (no lease, no index, no queue), an API that
+crashed between commit and send, a lost continuation. One worker sweeps per interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from checkpoints import billing, runs
+from checkpoints.db import in_txn
+from fenced.settings import get_settings
+from fencing import keys
+from fencing.connection import get_redis, process_token
+from fencing.lease import now_ms
+from fencing.reaper import rescue
+
+log = structlog.get_logger("fencing.sweeper")
+
+
+def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
+    """One sweep, if no other worker swept within the interval (or `force`). Returns runs rescued."""
+    s = get_settings()
+    client = get_redis()
+    if not force and not client.set(keys.SWEEPER_LOCK, process_token(), nx=True, px=s.sweeper_interval_ms):
+        return []
+    now = now_ms()
+    stalled = runs.stalled(now - s.sweeper_grace_ms)
+    rescued = []
+    if stalled:
+        pipe = client.pipeline(transaction=False)
+        for run_id, _step, _kind in stalled:
+            pipe.exists(keys.lease(run_id))
+        for (run_id, step, _kind), has_lease in zip(stalled, pipe.execute(), strict=True):
+            if has_lease:
+                continue
+            reason = f"no lease and no progress for {s.sweeper_grace_ms} ms at step {step}"
+            if rescue(run_id, s.sweeper_grace_ms, reason, send):
+                rescued.append(run_id)
+    expired = in_txn(billing.expire_holds_txn, now, process_token())
+    if expired:
+        log.warning("holds_expired", runs=len(expired))
+    return rescued

@@ -1,0 +1,83 @@
+"""The per-process watchdog thread: renews every lease this process holds, batched in one pipeline."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import structlog
+
+from fencing import keys
+from fencing.connection import get_redis
+from fencing.lease import Lease, now_ms
+from fencing.scripts import scripts_for
+
+log = structlog.get_logger("fencing.watchdog")
+
+
+class Watchdog:
+    """Renews tracked leases every heartbeat; a lease it cannot renew is marked lost."""
+
+    def __init__(self, heartbeat_ms: int) -> None:
+        self.heartbeat_ms = heartbeat_ms
+        self._leases: dict[str, Lease] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fenced-watchdog", daemon=True)
+        self.renewals = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def track(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases[lease.token] = lease
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.pop(lease.token, None)
+
+    def renew_all(self) -> None:
+        """One round trip for every lease of the process: a renew script per lease and one ZADD."""
+        with self._lock:
+            leases = [lease for lease in self._leases.values() if not lease.lost]
+        if not leases:
+            return
+        client = get_redis()
+        scripts = scripts_for(client)
+        pipe = client.pipeline(transaction=False)
+        for lease in leases:
+            scripts("renew", [lease.key], [lease.token, lease.ttl_ms], client=pipe)
+        deadline = now_ms()
+        pipe.zadd(keys.LEASE_INDEX, {lease.run_id: deadline + lease.ttl_ms for lease in leases}, gt=True)
+        results = pipe.execute()
+        self.renewals += 1
+        for lease, renewed in zip(leases, results[:-1], strict=True):
+            if not renewed:
+                lease.lost = True
+                log.warning("lease_lost", run_id=lease.run_id, token=lease.token)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_ms / 1000):
+            try:
+                self.renew_all()
+            except Exception as exc:  # Redis down: keep trying; the lease TTL decides
+                log.warning("lease_renew_failed", error=repr(exc))
+
+
+_watchdogs: dict[int, Watchdog] = {}
+_wd_lock = threading.Lock()
+
+
+def get_watchdog(heartbeat_ms: int) -> Watchdog:
+    """The watchdog of this process, started on first use (after a fork, in the child)."""
+    pid = os.getpid()
+    with _wd_lock:
+        wd = _watchdogs.get(pid)
+        if wd is None:
+            wd = _watchdogs[pid] = Watchdog(heartbeat_ms)
+            wd.start()
+        return wd

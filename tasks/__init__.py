@@ -1,0 +1,9 @@
+"""Celery side of fenced: `celery -A tasks worker`, `run_agent.delay(run_id)`, `submit_run(...)`."""
+
+from __future__ import annotations
+
+from tasks.app import app, run_agent
+from tasks.submit import submit_run
+
+celery = app
+__all__ = ["app", "celery", "run_agent", "submit_run"]

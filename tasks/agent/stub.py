@@ -1,0 +1,89 @@
+"""The deterministic stub model: fixed latency and token usage per step, a fixed four-step plan.
+
+planner -> item_search -> compare (adds to cart when the user asks to buy) -> shopping_summary.
+Test markers in the query drive failure paths: "[transient:N]" fails the first N calls of a step,
+"[terminal]" fails at step 1, "[poison]" kills its own process at step 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+from fenced.errors import TerminalError, TransientError
+from fenced.settings import get_settings
+from tasks.agent.model import AgentContext, Decision, ToolCall
+
+STEPS = ("planner", "item_search", "compare", "shopping_summary")
+_CART_WORDS = ("buy", "cart", "order", "purchase")
+_calls: dict[tuple[str, int], int] = {}
+_calls_lock = threading.Lock()
+
+
+def wants_cart(query: str) -> bool:
+    return any(w in query.lower() for w in _CART_WORDS)
+
+
+def _call_id() -> str:
+    # Like a real provider: a fresh id per call; replays reuse the id recorded in checkpoint A.
+    return f"call_{uuid.uuid4().hex[:20]}"
+
+
+def _results(ctx: AgentContext, step: int) -> list[Any]:
+    return list(ctx.history[step]["results"].values())
+
+
+class StubModel:
+    """Plays the shopping assistant without a provider; sleeps FENCED_STUB_STEP_MS per call."""
+
+    def __init__(self, step_ms: int | None = None, tokens: int | None = None) -> None:
+        s = get_settings()
+        self.step_ms = s.stub_step_ms if step_ms is None else step_ms
+        self.tokens = s.stub_tokens if tokens is None else tokens
+
+    def decide(self, ctx: AgentContext) -> Decision:
+        self._misbehave(ctx)
+        if self.step_ms:
+            time.sleep(self.step_ms / 1000)
+        tokens = self.tokens * (3 if ctx.kind == "large" else 1)
+        usage = {"prompt_tokens": tokens * 3 // 4, "completion_tokens": tokens - tokens * 3 // 4}
+        name = STEPS[min(ctx.step, len(STEPS) - 1)]
+        if ctx.step == 0:
+            return Decision(name, f"Plan: search the catalog for '{ctx.query}', compare, then summarise.",
+                            [ToolCall(_call_id(), "item_search", {"query": ctx.query, "limit": 5})], **usage)
+        if ctx.step == 1:
+            found = _results(ctx, 0)[0]
+            ids = [i["id"] for i in found[:3]]
+            return Decision(name, f"Found {len(found)} candidates; comparing the top {len(ids)}.",
+                            [ToolCall(_call_id(), "compare", {"item_ids": ids})], **usage)
+        if ctx.step == 2:
+            best = _results(ctx, 1)[0]["best"]
+            calls = []
+            if wants_cart(ctx.query):
+                calls = [ToolCall(_call_id(), "add_to_cart", {"items": [{"id": best["id"], "qty": 1}]})]
+            return Decision(name, f"{best['name']} is the best value.", calls, **usage)
+        best = _results(ctx, 1)[0]["best"]
+        carted = ctx.history[2]["results"]
+        answer = f"I recommend the {best['name']} at ${best['price_cents'] / 100:.2f} (rated {best['rating']})."
+        if carted:
+            card = next(iter(carted.values()))
+            answer += f" It is in your cart for confirmation (card {card['card_id']})."
+        return Decision(name, answer, [], final=True, answer=answer, **usage)
+
+    def _misbehave(self, ctx: AgentContext) -> None:
+        q = ctx.query
+        if "[poison]" in q and ctx.step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if "[terminal]" in q and ctx.step == 1:
+            raise TerminalError("the stub model refuses this request ([terminal] marker)")
+        m = re.search(r"\[transient:(\d+)\]", q)
+        if m:
+            with _calls_lock:
+                n = _calls[(ctx.run_id, ctx.step)] = _calls.get((ctx.run_id, ctx.step), 0) + 1
+            if n <= int(m.group(1)):
+                raise TransientError(f"stub provider overloaded (call {n} of step {ctx.step})")

@@ -1,0 +1,54 @@
+"""The Celery app (`celery -A tasks worker`), the run_agent task and its wake-up sender."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from celery import Celery, Task, signals
+
+from fenced.log import configure as configure_logging
+from tasks import queues
+
+configure_logging()
+log = structlog.get_logger("tasks.app")
+
+app = Celery("fenced")
+app.config_from_object("celeryconfig")
+
+
+@app.task(name="fenced.run_agent", bind=True, acks_late=True, ignore_result=True)
+def run_agent(self: Task, run_id: str, step: int | None = None) -> str:
+    """Wake a run up: the run row decides what happens (see tasks.delivery and DESIGN.md)."""
+    from tasks.delivery import deliver
+
+    return deliver(run_id, step, send_next=send_continuation)
+
+
+def send_wakeup(run_id: str, step: int | None, queue: str, **options: Any) -> None:
+    """Send a wake-up message: it carries the run id and the step it wakes, nothing else."""
+    run_agent.apply_async(args=(run_id, step), queue=queue, routing_key=queue, **options)
+
+
+def send_continuation(run_id: str, step: int) -> None:
+    send_wakeup(run_id, step, queues.CONTINUE)
+
+
+def send_rescue(run_id: str) -> None:
+    send_wakeup(run_id, None, queues.CONTINUE)
+
+
+@signals.worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    from checkpoints.db import migrate
+    from fenced.settings import get_settings
+
+    s = get_settings()
+    migrate()
+    log.info("worker_init", lease_ttl_ms=s.lease_ttl_ms, heartbeat_ms=s.heartbeat_ms,
+             reaper_tick_ms=s.reaper_tick_ms, sweeper_interval_ms=s.sweeper_interval_ms)
+
+
+from tasks.bootsteps import LivenessStep  # noqa: E402  (needs `app` defined)
+
+app.steps["worker"].add(LivenessStep)

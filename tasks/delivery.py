@@ -1,0 +1,105 @@
+"""One delivery of run_agent(run_id, step): skip, drop, claim, run the step, hand over. See DESIGN.md."""
+
+from __future__ import annotations
+
+import structlog
+
+from checkpoints import ledger, runs
+from checkpoints.db import is_transient_db_error
+from fenced.errors import FencedOut, LeaseLost
+from fenced.settings import get_settings
+from fencing import keys
+from fencing.connection import get_redis
+from fencing.epoch import raise_epoch
+from fencing.lease import Lease, now_ms
+from fencing.watchdog import get_watchdog
+from tasks.step import StepRunner, dead_letter
+
+log = structlog.get_logger("tasks.delivery")
+
+
+def deliver(run_id: str, step: int | None, send_next: object) -> str:
+    """Handle one wake-up; returns what happened (for logs and tests). `send_next(run_id, step)` sends."""
+    s = get_settings()
+    run = runs.get_run(run_id)
+    if run is None:
+        log.warning("unknown_run", run_id=run_id)
+        return "unknown"
+    if run.terminal or run.state == "waiting":
+        log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
+        return "skipped"
+    if step is not None and step != run.step:
+        log.info("stale_wakeup_dropped", run_id=run_id, epoch=run.epoch, message_step=step, run_step=run.step)
+        return "stale"
+    lease = Lease(run_id, s.lease_ttl_ms)
+    if not lease.acquire(run.step):
+        log.info("duplicate_dropped", run_id=run_id, epoch=run.epoch, step=run.step)
+        return "duplicate"
+    watchdog = get_watchdog(s.heartbeat_ms)
+    watchdog.track(lease)
+    handoff: int | None = None
+    claim = None
+    outcome = "error"
+    try:
+        claim = runs.claim(run, lease.token)
+        if claim is None:
+            log.info("claim_lost", run_id=run_id, epoch=run.epoch)
+            return "claim_lost"
+        blog = log.bind(run_id=run_id, epoch=claim.epoch, step=run.step)
+        if raise_epoch(run_id, claim.epoch) > claim.epoch:
+            raise FencedOut(run_id, claim.epoch, "epoch mirror")
+        if claim.deliveries > s.max_deliveries:
+            dead_letter(claim, f"step {run.step} claimed {claim.deliveries - 1} times without finishing",
+                        {"worker": lease.token, "phase": run.phase, "previous_owner": run.owner})
+            outcome = "dead"
+            return outcome
+        result = StepRunner(claim, lease).run()
+        handoff = result.next_step
+        outcome = result.state
+        blog.info("delivery_done", outcome=outcome)
+        return outcome
+    except FencedOut as exc:
+        outcome = "fenced_out"
+        log.warning("fenced_out", run_id=run_id, epoch=exc.epoch, at=exc.what)
+        if claim is not None:
+            _close(claim, "fenced_out", str(exc))
+            ledger.record(run_id, claim.epoch, lease.token, "fence_rejected",
+                          f"write refused at {exc.what}: a newer epoch owns the run; stopped without terminal write")
+        return outcome
+    except LeaseLost as exc:
+        outcome = "lease_lost"
+        log.warning("lease_lost_stopping", run_id=run_id, epoch=claim.epoch if claim else None)
+        if claim is not None:
+            _close(claim, "lease_lost", str(exc))
+        return outcome
+    except Exception as exc:
+        if not is_transient_db_error(exc):
+            raise
+        outcome = "db_unavailable"
+        log.error("db_unavailable", run_id=run_id, epoch=claim.epoch if claim else None, error=repr(exc))
+        return outcome
+    finally:
+        watchdog.untrack(lease)
+        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "db_unavailable", "error"))
+        if handoff is not None:
+            send_next(run_id, handoff)
+
+
+def _close(claim: runs.Claim, outcome: str, error: str) -> None:
+    try:
+        runs.end_attempt(claim.attempt_id, outcome, error)
+    except Exception as exc:  # the record is best effort; the fence already did its job
+        log.warning("attempt_close_failed", run_id=claim.run.run_id, epoch=claim.epoch, error=repr(exc))
+
+
+def _let_go(lease: Lease, handoff: int | None, rescue_soon: bool) -> None:
+    """Release or hand over the lease; a delivery that stopped early asks the reaper to look now."""
+    try:
+        if rescue_soon:
+            # Drop our lease (if still ours) and put the run at the front of the reaper's index.
+            lease.release(None)
+            get_redis().zadd(keys.LEASE_INDEX, {lease.run_id: now_ms()})
+        else:
+            lease.release(handoff)
+    except Exception as exc:  # Redis down: the lease expires by itself and the sweeper takes over
+        log.warning("lease_release_failed", run_id=lease.run_id, error=repr(exc))

@@ -1,0 +1,196 @@
+"""One step of a claimed run: model call -> checkpoint A -> tools -> checkpoint B (or the terminal write).
+
+Resuming from checkpoint A replays the recorded decision (no model call); from B, the next model call.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from checkpoints import ledger, runs
+from checkpoints.runs import Claim, Usage
+from fenced import faults
+from checkpoints.db import is_transient_db_error
+from fenced.errors import FixableError, LeaseLost, StepError, TerminalError, TransientError
+from fenced.settings import get_settings
+from fencing import events
+from fencing.lease import Lease
+from tasks.agent import get_model
+from tasks.agent.model import AgentContext, Decision, Model
+from tasks.agent.tools import run_tool
+
+log = structlog.get_logger("tasks.step")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the step ended: `next_step` set means hand over to a continuation."""
+
+    state: str  # continue / done / failed / waiting / dead
+    next_step: int | None = None
+
+
+class RetriesExhausted(Exception):
+    """A transient failure outlived the step's retry budget."""
+
+
+class StepRunner:
+    """Runs the claimed step of one run; every durable write is fenced by the claim's epoch."""
+
+    def __init__(self, claim: Claim, lease: Lease, model: Model | None = None) -> None:
+        self.c = claim
+        self.lease = lease
+        self.model = model or get_model()
+        self.settings = get_settings()
+        run = claim.run
+        self.run_id = run.run_id
+        self.step = run.step
+        self.usage = Usage(run.prompt_tokens, run.completion_tokens, run.model_calls)
+        self.history: list[dict[str, Any]] = list(run.checkpoint.get("history", []))
+        self.last_event_id = run.last_event_id
+        self.log = log.bind(run_id=self.run_id, epoch=claim.epoch, step=self.step)
+
+    # -- boundaries and events -------------------------------------------------------------------
+    def boundary(self) -> None:
+        """Stop here if the watchdog lost the lease (the database would refuse us anyway)."""
+        if self.lease.lost:
+            raise LeaseLost(self.run_id)
+
+    def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> None:
+        self.last_event_id = events.append(self.run_id, self.c.epoch, eid, type_, self.step, data)
+
+    # -- the step --------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        run = self.c.run
+        if self.c.takeover:
+            self.emit(f"resume:{self.c.epoch}", "task_resumed", {
+                "last_event_id": run.last_event_id, "previous_owner": self.c.previous_owner,
+                "phase": run.phase, "step": self.step, "epoch": self.c.epoch,
+            })
+        try:
+            decision = self._decide(run)
+            results = self._run_tools(decision)
+        except RetriesExhausted as exc:
+            return self._dead(str(exc))
+        except FixableError as exc:
+            return self._park(exc)
+        except StepError as exc:
+            return self._fail(exc)
+        faults.point("after_tools", self.run_id)
+        self.boundary()
+        self.history.append({"step": self.step, "name": decision.name, "text": decision.text,
+                             "tool_calls": [c.__dict__ for c in decision.tool_calls], "results": results})
+        if decision.final:
+            return self._finish(decision)
+        self.emit(f"s{self.step}:done", "step_done", {"name": decision.name})
+        runs.write_step_done(self.c, self.step, {"history": self.history}, self.usage, self.last_event_id)
+        self.log.info("step_done")
+        return Outcome("continue", next_step=self.step + 1)
+
+    def _decide(self, run: runs.Run) -> Decision:
+        if run.phase == "decided":
+            decision = Decision.from_dict(run.checkpoint["decision"])
+            self.log.info("replaying", decision=decision.name, tool_calls=len(decision.tool_calls))
+            return decision
+        self.log.info("running", phase=run.phase)
+        self.emit(f"s{self.step}:start", "step_started", {})
+        self.boundary()
+        ctx = AgentContext(self.run_id, run.query, run.kind, self.step, self.history)
+        decision = self._with_retries("model", lambda: self.model.decide(ctx))
+        faults.point("after_model_call", self.run_id)
+        self.usage = Usage(self.usage.prompt_tokens + decision.prompt_tokens,
+                           self.usage.completion_tokens + decision.completion_tokens, self.usage.model_calls + 1)
+        self.emit(f"s{self.step}:decision", "model_decision", {
+            "name": decision.name, "text": decision.text,
+            "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in decision.tool_calls],
+        })
+        self.boundary()
+        runs.write_decided(self.c, self.step, {"history": self.history, "decision": decision.to_dict()},
+                           self.usage, self.last_event_id)
+        return decision
+
+    def _run_tools(self, decision: Decision) -> dict[str, Any]:
+        results: dict[str, Any] = {}
+        for call in decision.tool_calls:
+            self.boundary()
+            self.emit(f"tool:{call.id}:start", "tool_started", {"id": call.id, "name": call.name, "args": call.args})
+            results[call.id] = self._with_retries(f"tool {call.name}", lambda c=call: run_tool(self.c, c.name, c.args))
+            self.emit(f"tool:{call.id}:result", "tool_result", {"id": call.id, "name": call.name,
+                                                                 "result": results[call.id]})
+        return results
+
+    def _with_retries(self, what: str, fn: Any) -> Any:
+        """Retry transient failures with min(base * 2^n, cap) + jitter, within the step's budget.
+
+        A StepError keeps its class; a database outage counts as transient; any other exception from
+        a model or tool is a bug in it and terminal."""
+        s = self.settings
+        for attempt in range(s.retry_budget + 1):
+            try:
+                return fn()
+            except TransientError as exc:
+                error: Exception = exc
+            except StepError:
+                raise
+            except Exception as exc:
+                if not is_transient_db_error(exc):
+                    raise TerminalError(f"{what} raised {exc!r}") from exc
+                error = exc
+            if attempt == s.retry_budget:
+                raise RetriesExhausted(f"{what}: {error} (after {attempt} retries)") from error
+            delay_ms = min(s.retry_base_ms * 2**attempt, s.retry_cap_ms)
+            delay_ms += random.uniform(0, delay_ms / 2)
+            ledger.record(self.run_id, self.c.epoch, self.c.token, "retry",
+                          f"{what} failed transiently: {error}; retry {attempt + 1} of {s.retry_budget} "
+                          f"in {delay_ms:.0f} ms", {"class": "transient", "attempt": attempt + 1})
+            self.log.warning("transient_retry", what=what, error=str(error), delay_ms=round(delay_ms))
+            time.sleep(delay_ms / 1000)
+            self.boundary()
+        raise AssertionError("unreachable")
+
+    # -- endings ---------------------------------------------------------------------------------
+    def _finish(self, decision: Decision) -> Outcome:
+        charge = runs.finish(self.c, "done", {"history": self.history}, self.usage, self.last_event_id,
+                             answer=decision.answer)
+        self.emit("run:done", "run_done", {"answer": decision.answer, "credits_charged": charge})
+        self.log.info("run_done", credits=charge)
+        faults.point("after_terminal_write", self.run_id)
+        return Outcome("done")
+
+    def _park(self, exc: FixableError) -> Outcome:
+        runs.park(self.c, str(exc), self.usage, self.last_event_id)
+        self.emit(f"s{self.step}:waiting", "run_waiting", {"reason": str(exc)})
+        self.log.warning("run_waiting", reason=str(exc))
+        return Outcome("waiting")
+
+    def _fail(self, exc: StepError) -> Outcome:
+        error_class = exc.failure_class
+        charge = runs.finish(self.c, "failed", {"history": self.history}, self.usage, self.last_event_id,
+                             error_class=error_class, error=str(exc))
+        self.emit("run:failed", "run_failed", {"error_class": error_class, "error": str(exc),
+                                               "credits_charged": charge})
+        self.log.warning("run_failed", error_class=error_class, error=str(exc))
+        return Outcome("failed")
+
+    def _dead(self, reason: str) -> Outcome:
+        dead_letter(self.c, reason, {"step": self.step, "history_steps": len(self.history)})
+        self.emit("run:dead", "run_dead", {"reason": reason})
+        return Outcome("dead")
+
+
+def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> None:
+    """Dead-letter the run in the database, then add it to the capped dead-letter stream."""
+    from fencing import keys
+    from fencing.connection import get_redis
+
+    attempts = runs.dead_letter(c, reason, observations)
+    s = get_settings()
+    get_redis().xadd(keys.DEAD_LETTERS, {"run_id": c.run.run_id, "step": str(c.run.step), "reason": reason,
+                                         "attempts": str(len(attempts)), "at_ms": str(int(time.time() * 1000))},
+                     maxlen=s.dead_letter_keep, approximate=False)
+    log.error("dead_lettered", run_id=c.run.run_id, epoch=c.epoch, reason=reason)
