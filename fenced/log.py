@@ -1,4 +1,4 @@
-"""Structured logging: key=value lines; every line about a run names run_id and epoch."""
+"""Structured logging: key=value lines through stdlib logging; every line about a run names run_id and epoch."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import structlog
 
 
 def configure(level: int = logging.INFO) -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=level, format="%(message)s")
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
