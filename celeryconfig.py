@@ -24,7 +24,6 @@ result_backend = None
 # claim, and ack (not requeue) when a worker dies: our reaper rescues, Celery must not re-run poison.
 task_acks_late = True
 task_reject_on_worker_lost = False
-task_acks_on_failure_or_timeout = True
 worker_prefetch_multiplier = 1
 worker_concurrency = _settings.concurrency
 worker_pool = "threads"  # agent steps wait on I/O; see README for prefork

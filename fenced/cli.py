@@ -1,0 +1,320 @@
+"""The `fenced` command line: submit, inspect (status, runs, events, ledger), worker, migrate, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from checkpoints.runs import Run
+
+app = typer.Typer(name="fenced", help="Durable, fenced, resumable agent runs on Celery.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_show_locals=False)
+out = Console(highlight=False)  # rich looks sys.stdout up at each write, so CliRunner captures it
+RUN_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled", "dead")  # checkpoints.schema
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+RunArg = Annotated[str, typer.Argument(help="A run id (or a unique prefix of one, 4+ characters).")]
+
+
+class Kind(StrEnum):
+    normal = "normal"
+    large = "large"
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print `error: message` on stderr and exit (2 = bad input, nothing written)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def emit_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _ms(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _require_store() -> None:
+    """Refuse to read a SQLite store that does not exist (SQLite would create an empty file)."""
+    from fenced.settings import get_settings
+
+    url = get_settings().db_url
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.exists():
+            fail(f"no run store at {path} (set FENCED_DB_URL, or run `fenced migrate` to create one)")
+
+
+def resolve_run(run_id: str) -> Run:
+    """The run with this id, or the only run whose id starts with it; exits 2 when there is none."""
+    import sqlalchemy as sa
+
+    from checkpoints import runs
+    from checkpoints.db import transaction
+    from checkpoints.schema import run_checkpoints as rc
+
+    _require_store()
+    run = runs.get_run(run_id)
+    if run is not None:
+        return run
+    if re.fullmatch(r"[0-9a-fA-F-]{4,63}", run_id):
+        with transaction() as conn:
+            query = sa.select(rc.c.run_id).where(rc.c.run_id.startswith(run_id.lower())).limit(2)
+            ids = conn.execute(query).scalars().all()
+        if len(ids) == 1:
+            found = runs.get_run(ids[0])
+            if found is not None:
+                return found
+        if len(ids) > 1:
+            fail(f"run id prefix {run_id!r} is ambiguous")
+    fail(f"no run with id {run_id!r}")
+
+
+def run_dict(run: Run) -> dict[str, Any]:
+    """A run row without its checkpoint blob (steps = finished steps in the checkpoint)."""
+    data = {k: v for k, v in vars(run).items() if k != "checkpoint"}
+    data["steps_done"] = len(run.checkpoint.get("history", []))
+    return data
+
+
+@app.callback()
+def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the core's info logs.")] = False) -> None:
+    from fenced.demo import quiet_core_logs
+
+    if not verbose:
+        quiet_core_logs()
+
+
+# -- commands ----------------------------------------------------------------------------------------
+@app.command()
+def submit(
+    query: Annotated[str, typer.Argument(help="What the user asked.")],
+    user: Annotated[str, typer.Option("--user", "-u", help="The user the run is billed to.")] = "cli",
+    kind: Annotated[Kind, typer.Option("--kind", "-k", help="normal or large (bigger hold, own queue).")] = Kind.normal,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a run (row + billing hold) and send its first wake-up; prints the run id."""
+    from fenced.errors import InvalidRequest
+
+    # Checked here too so that bad input never reaches (or opens) the stores.
+    if not query.strip():
+        fail("query must not be empty")
+    if not user or len(user) > 128:
+        fail("--user must be 1 to 128 characters")
+    from tasks import submit_run
+
+    try:
+        run_id = submit_run(user, query, kind.value)
+    except InvalidRequest as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json({"run_id": run_id, "user_id": user, "kind": kind.value, "query": query})
+    else:
+        typer.echo(run_id)
+
+
+@app.command()
+def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """A run's state, owner, usage, charge, answer, cards, recent ledger and event count."""
+    from checkpoints import effects, ledger
+    from fenced.demo import holds_for
+
+    run = resolve_run(run_id)
+    holds = [dict(h._mapping) for h in holds_for(run.run_id)]
+    cards = effects.cards_for(run.run_id)
+    entries = ledger.history(run.run_id)
+    event_count = _event_count(run.run_id)
+    if as_json:
+        emit_json({**run_dict(run), "holds": holds, "cards": [vars(c) for c in cards],
+                   "ledger": [vars(e) for e in entries[-10:]], "ledger_entries": len(entries),
+                   "events": event_count})
+        return
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    charge = ", ".join(f"{h['state']}: {h['credits_charged'] if h['credits_charged'] is not None else '-'} of "
+                       f"{h['credits_held']} held credits" for h in holds) or "no hold"
+    rows = [
+        ("run", run.run_id),
+        ("user / kind", f"{run.user_id} / {run.kind}"),
+        ("query", run.query),
+        ("state", f"{run.state}   step {run.step} (phase {run.phase})   epoch {run.epoch}"),
+        ("owner", run.owner or "-"),
+        ("deliveries", f"{run.deliveries} of this step, {run.total_deliveries} in all"),
+        ("usage", f"{run.prompt_tokens} prompt + {run.completion_tokens} completion tokens, "
+                  f"{run.model_calls} model calls"),
+        ("charge", charge),
+        ("answer", run.answer or "-"),
+        ("error", f"[{run.error_class}] {run.error}" if run.error else "-"),
+        ("cards", ", ".join(f"{c.card_id} ({c.state}, ${c.total_cents / 100:.2f})" for c in cards) or "-"),
+        ("created / finished", f"{_ms(run.created_at_ms)} / {_ms(run.finished_at_ms)}"),
+        ("events", str(event_count) if event_count is not None else "unavailable (Redis unreachable)"),
+    ]
+    for key, value in rows:
+        grid.add_row(key, value)
+    out.print(grid, markup=False)
+    if entries:
+        out.print(f"\nledger (last {min(10, len(entries))} of {len(entries)}):", markup=False)
+        out.print(_ledger_table(entries[-10:]))
+
+
+def _event_count(run_id: str) -> int | None:
+    import redis
+
+    from fencing import keys
+    from fencing.connection import get_redis
+
+    try:
+        return int(get_redis().xlen(keys.events(run_id)))
+    except redis.RedisError:
+        return None
+
+
+@app.command("runs")
+def list_runs(
+    state: Annotated[str | None, typer.Option("--state", "-s", help=f"One of {', '.join(RUN_STATES)}.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=10_000, help="At most this many.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """The most recent runs, newest first."""
+    from checkpoints import runs
+
+    if state is not None and state not in RUN_STATES:
+        fail(f"--state must be one of {', '.join(RUN_STATES)}, not {state!r}")
+    _require_store()
+    found = runs.list_runs(limit=limit, state=state)
+    if as_json:
+        emit_json([run_dict(r) for r in found])
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("run", "created", "user", "kind", "state", "step", "epoch", "owner", "query"):
+        table.add_column(col)
+    for r in found:
+        table.add_row(r.run_id, _ms(r.created_at_ms), r.user_id, r.kind, r.state, str(r.step), str(r.epoch),
+                      r.owner or "-", r.query if len(r.query) <= 40 else r.query[:39] + "…")
+    out.print(table if found else "no runs", markup=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(ctx: typer.Context) -> None:
+    """Exec `celery -A tasks worker` with the project defaults; extra arguments go to celery (last wins)."""
+    from fenced.settings import get_settings
+    from fenced.workers import ALL_QUEUES
+
+    argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "threads",
+            "-c", str(get_settings().concurrency), "-Q", ",".join(ALL_QUEUES), "-l", "info", *ctx.args]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)  # noqa: S606 - replace this process: signals reach celery directly
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the run store's schema to head."""
+    from checkpoints.db import migrate as run_migrations
+    from fenced.embedded import mask_url
+    from fenced.settings import get_settings
+
+    run_migrations()
+    typer.echo(f"schema at head: {mask_url(get_settings().db_url)}")
+
+
+@app.command()
+def events(
+    run_id: RunArg,
+    raw: Annotated[bool, typer.Option("--raw", help="Every entry as stored, superseded half-steps too.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A run's event stream: the live view (superseded half-steps dropped, deduplicated) by default."""
+    from fencing import events as ev
+
+    run = resolve_run(run_id)
+    stream = ev.read(run.run_id)
+    shown = stream if raw else ev.live_view(stream)
+    if as_json:
+        emit_json([vars(e) for e in shown])
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("at", "epoch", "step", "type", "eid", "data"):
+        table.add_column(col)
+    for e in shown:
+        at = _ms(int(e.stream_id.split("-")[0])) if e.stream_id else "-"
+        data = json.dumps(e.data, separators=(",", ":"), sort_keys=True)
+        table.add_row(at, str(e.epoch), str(e.step), e.type, e.eid, data if len(data) <= 80 else data[:79] + "…")
+    out.print(table, markup=False)
+    if not raw and len(shown) != len(stream):
+        out.print(f"({len(stream) - len(shown)} superseded or duplicate entries hidden; --raw shows them)",
+                  markup=False)
+
+
+@app.command()
+def ledger(run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """Every decision recorded for a run, with its reason, oldest first."""
+    from checkpoints import ledger as ledger_mod
+
+    run = resolve_run(run_id)
+    entries = ledger_mod.history(run.run_id)
+    if as_json:
+        emit_json([vars(e) for e in entries])
+        return
+    out.print(_ledger_table(entries))
+
+
+def _ledger_table(entries: list[Any]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for col in ("at", "epoch", "kind", "actor", "reason"):
+        table.add_column(col, overflow="fold")
+    for e in entries:
+        table.add_row(_ms(e.at_ms), str(e.epoch), e.kind, e.actor, e.reason)
+    return table
+
+
+@app.command()
+def demo(
+    runs: Annotated[int, typer.Option("--runs", min=1, max=200, help="How many runs to submit.")] = 8,
+    workers: Annotated[int, typer.Option("--workers", min=2, max=8, help="Worker processes (one is killed).")] = 2,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a batch, SIGKILL a worker mid-step, restart it, and check every run finished exactly once.
+
+    Uses FENCED_REDIS_URL / FENCED_DB_URL when set; otherwise a private redis-server and a fresh SQLite
+    file under ./.fenced/. Exit code 0 only if every verdict holds."""
+    from fenced.demo import render, run_demo
+
+    try:
+        result = run_demo(runs, workers)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: workers and embedded Redis stopped", err=True)
+        raise typer.Exit(130) from None
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        render(result, out)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def main() -> None:
+    """Entry point of the `fenced` script: store outages become one clear line, not a traceback."""
+    import redis
+    import sqlalchemy as sa
+
+    try:
+        app()
+    except redis.ConnectionError as exc:
+        typer.echo(f"error: Redis unreachable: {exc}", err=True)
+        sys.exit(1)
+    except sa.exc.OperationalError as exc:
+        typer.echo(f"error: run store: {exc.orig or exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Start Redis and MariaDB if they are not running (installing them with apt-get where missing),
+# and create the test database. Safe to run again.
+set -euo pipefail
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "starting redis-server"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+fi
+
+if ! mysqladmin -uroot -h127.0.0.1 ping >/dev/null 2>&1; then
+  echo "starting mariadbd"
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+fi
+
+for _ in $(seq 1 60); do
+  redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && mysqladmin -uroot -h127.0.0.1 ping >/dev/null 2>&1 && break
+  sleep 1
+done
+redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null
+mysql -uroot -h127.0.0.1 -e "CREATE DATABASE IF NOT EXISTS fenced_test; CREATE DATABASE IF NOT EXISTS test"
+echo "services ready: redis 127.0.0.1:6379, mariadb 127.0.0.1:3306 (database fenced_test)"

@@ -1,0 +1,134 @@
+"""Each Lua script against real Redis: its contract, and the refusals that make fencing work."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fenced.errors import FencedOut
+from fencing import epoch, events, keys
+from fencing.lease import Lease, handoff_value, now_ms
+from fencing.scripts import scripts_for
+
+
+def test_acquire_is_exclusive_and_release_is_compare_and_delete(redis_client):
+    a, b = Lease("r1", 2000), Lease("r1", 2000)
+    assert a.acquire(0)
+    assert not b.acquire(0), "a second holder must be refused while the lease lives"
+    assert not b.release(), "release by a non-holder must change nothing"
+    assert redis_client.get(keys.lease("r1")) == a.token
+    assert a.release()
+    assert redis_client.get(keys.lease("r1")) is None
+    assert redis_client.zscore(keys.LEASE_INDEX, "r1") is None
+    assert b.acquire(0)
+
+
+def test_lease_token_names_the_process(redis_client):
+    from fencing.connection import process_token
+
+    assert Lease("r1", 1000).token.startswith(process_token() + "/")
+
+
+def test_renew_extends_only_the_holders_lease(redis_client):
+    scripts = scripts_for(redis_client)
+    a = Lease("r2", 300)
+    assert a.acquire(0)
+    assert scripts("renew", [a.key], [a.token, 5000]) == 1
+    assert redis_client.pttl(a.key) > 4000
+    assert scripts("renew", [a.key], ["someone-else", 5000]) == 0
+    redis_client.delete(a.key)
+    assert scripts("renew", [a.key], [a.token, 5000]) == 0, "a lease that expired is not resurrected"
+    assert redis_client.exists(a.key) == 0
+
+
+def test_handoff_lets_only_the_next_steps_delivery_take_the_lease(redis_client):
+    a = Lease("r3", 2000)
+    assert a.acquire(0)
+    assert a.release(handoff_step=1)
+    assert redis_client.get(keys.lease("r3")) == handoff_value(1)
+    assert 0 < redis_client.pttl(keys.lease("r3")) <= 2000, "a handoff expires like a lease"
+    assert not Lease("r3", 2000).acquire(2), "a wake-up for another step cannot take the handoff"
+    assert not Lease("r3", 2000).acquire(None)
+    nxt = Lease("r3", 2000)
+    assert nxt.acquire(1)
+    assert redis_client.get(keys.lease("r3")) == nxt.token
+
+
+def test_epoch_mirror_never_goes_down(redis_client):
+    assert epoch.raise_epoch("r4", 3) == 3
+    assert epoch.raise_epoch("r4", 2) == 3, "a lower epoch must not lower the mirror"
+    assert epoch.current("r4") == 3
+    assert epoch.raise_epoch("r4", 5) == 5
+
+
+def test_event_append_refuses_a_stale_epoch(redis_client):
+    epoch.raise_epoch("r5", 2)
+    events.append("r5", 2, "e1", "step_started", 0)
+    with pytest.raises(FencedOut):
+        events.append("r5", 1, "e2", "step_started", 0)
+    assert [e.eid for e in events.read("r5")] == ["e1"], "the refused event must not be in the stream"
+    events.append("r5", 3, "e3", "step_started", 0)
+    assert epoch.current("r5") == 3, "a newer writer raises the mirror"
+
+
+def test_event_append_after_redis_lost_the_mirror_raises_it(redis_client):
+    events.append("r6", 4, "e1", "step_started", 0)
+    assert epoch.current("r6") == 4
+    with pytest.raises(FencedOut):
+        events.append("r6", 3, "e2", "x", 0)
+
+
+def test_fencedout_is_not_swallowed_by_except_exception():
+    assert not issubclass(FencedOut, Exception)
+    with pytest.raises(FencedOut):
+        try:
+            raise FencedOut("r", 1, "test")
+        except Exception:  # what careless user code does
+            pytest.fail("FencedOut was swallowed")
+
+
+def test_rescue_once_while_lease_gone(redis_client):
+    scripts = scripts_for(redis_client)
+    k = [keys.lease("r7"), keys.rescue("r7")]
+    lease = Lease("r7", 2000)
+    lease.acquire(0)
+    assert scripts("rescue", k, [1000, "reaper-a"]) == 0, "no rescue while the lease lives"
+    redis_client.delete(keys.lease("r7"))
+    assert scripts("rescue", k, [300, "reaper-a"]) == 1
+    assert scripts("rescue", k, [300, "reaper-b"]) == 0, "a second reaper must not rescue again"
+    time.sleep(0.35)
+    assert scripts("rescue", k, [300, "reaper-b"]) == 1, "after the grace period a rescue may go out again"
+
+
+def test_pop_expired_removes_only_past_deadlines_once(redis_client):
+    scripts = scripts_for(redis_client)
+    now = now_ms()
+    redis_client.zadd(keys.LEASE_INDEX, {"old": now - 10, "new": now + 10_000})
+    assert scripts("pop_expired", [keys.LEASE_INDEX], ["new", now]) == 0
+    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 1
+    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 0
+    assert redis_client.zrange(keys.LEASE_INDEX, 0, -1) == ["new"]
+
+
+def test_every_script_declares_its_contract():
+    from fencing.scripts import Scripts, source
+
+    for name in Scripts.NAMES:
+        text = source(name)
+        assert "-- KEYS[1]" in text and "-- ARGV[1]" in text and "-- return" in text, name
+
+
+def test_watchdog_renews_in_one_batch_and_marks_lost_leases(redis_client):
+    from fencing.watchdog import Watchdog
+
+    wd = Watchdog(heartbeat_ms=10_000)
+    a, b = Lease("w1", 1000), Lease("w2", 1000)
+    assert a.acquire(0) and b.acquire(0)
+    wd.track(a)
+    wd.track(b)
+    redis_client.set(keys.lease("w2"), "thief")
+    wd.renew_all()
+    assert not a.lost and b.lost
+    assert redis_client.pttl(keys.lease("w1")) > 0
+    assert redis_client.zscore(keys.LEASE_INDEX, "w1") > now_ms()

@@ -1,0 +1,179 @@
+"""Crashes, freezes and wipes against real worker processes, real Redis and real MariaDB."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from checkpoints import ledger, runs
+from checkpoints.db import in_txn
+from fenced import faults
+from fenced.verdict import check_run
+from fencing import events, keys
+from fencing.connection import get_redis
+from tasks import submit_run
+from tests.workers_fixture import wait_for, wait_terminal
+
+pytestmark = pytest.mark.chaos
+
+
+def test_runs_finish_on_a_healthy_pool(workers):
+    workers.start("a")
+    ids = [submit_run("u1", "buy headphones"), submit_run("u2", "a laptop", kind="large")]
+    wait_terminal(ids, timeout=30)
+    for run_id in ids:
+        v = check_run(run_id)
+        assert v.ok, v.failures
+        assert v.takeovers == 0 and v.resumed_events == 0
+    assert check_run(ids[1]).credits_charged > check_run(ids[0]).credits_charged, "large runs cost more"
+
+
+def _kill_at(workers, point: str, query: str = "buy running shoes") -> tuple[str, str]:
+    """Arm `point`, submit a run, SIGKILL the whole process group of the worker that reached it."""
+    client = get_redis()
+    faults.arm(point)
+    run_id = submit_run("u1", query)
+    hit = client.blpop(keys.FAULT_HITS, timeout=30)
+    assert hit, f"no worker reached {point}"
+    _, hit_run, pid = hit[1].split()
+    assert hit_run == run_id
+    victim = workers.by_pid(int(pid))
+    victim.kill(signal.SIGKILL)
+    return run_id, victim.name
+
+
+@pytest.mark.parametrize("point", ["after_model_call", "after_tools"])
+def test_sigkill_mid_step_resumes_once(workers, point):
+    workers.start("a")
+    workers.start("b")
+    run_id, victim = _kill_at(workers, point)
+    [run] = wait_terminal([run_id], timeout=40)
+    v = check_run(run_id)
+    assert v.ok, v.failures
+    assert v.takeovers == 1 and v.resumed_events == 1
+    resumed = [e for e in events.read(run_id) if e.type == "task_resumed"][0]
+    # The armed point fires on the run's first step: before checkpoint A (phase none) or after it.
+    assert resumed.data["phase"] == ("none" if point == "after_model_call" else "decided")
+    assert (run.model_calls, v.credits_charged) == (4, 16), "charged exactly like an unkilled run"
+    assert resumed.data["previous_owner"].split(":")[1] != "", "task_resumed names the dead holder"
+    if point == "after_tools":
+        # Resumed from checkpoint A: the decision was replayed, the model not called again.
+        assert any(e.kind == "takeover" and "decided" in e.reason for e in ledger.history(run_id))
+
+
+def test_sigkill_after_terminal_write_changes_nothing(workers):
+    workers.start("a")
+    workers.start("b")
+    run_id, _ = _kill_at(workers, "after_terminal_write")
+    run = runs.get_run(run_id)
+    assert run.state == "done"
+    # The dead holder's lease expires and the reaper rescues the run; the wake-up finds it terminal.
+    wait_for(lambda: any(e.kind == "rescue" for e in ledger.history(run_id)), 15, "the rescue of the dead lease")
+    time.sleep(1)
+    v = check_run(run_id)
+    assert v.ok, v.failures
+    assert [e.kind for e in ledger.history(run_id)].count("done") == 1
+    assert v.resumed_events == 0
+
+
+def test_prefork_pool_child_killed_mid_step(workers):
+    workers.start("a", pool="prefork", concurrency=2)
+    run_id, _ = _kill_at(workers, "after_tools", query="buy a backpack")
+    workers.start("b", pool="prefork", concurrency=2)
+    wait_terminal([run_id], timeout=40)
+    v = check_run(run_id)
+    assert v.ok, v.failures
+    assert v.takeovers == 1
+
+
+def test_zombie_is_fenced_out_after_sigcont(workers):
+    slow = {"FENCED_STUB_STEP_MS": "1500"}
+    a = workers.start("a", **slow)
+    run_id = submit_run("u1", "buy a keyboard")
+    holder = wait_for(lambda: workers.holder_of(run_id), 20, "a holder")
+    assert holder is a
+    workers.start("b", **slow)
+    a.kill(signal.SIGSTOP)
+    try:
+        wait_terminal([run_id], timeout=60)
+    finally:
+        a.kill(signal.SIGCONT)
+    a_tokens = {e.actor for e in ledger.history(run_id) if e.kind in ("claimed", "takeover")
+                and e.actor.split(":")[1] == str(a.pid)}
+    wait_for(lambda: any(e.kind == "fence_rejected" and e.actor in a_tokens for e in ledger.history(run_id)),
+             15, "the zombie's refused write")
+    time.sleep(1)
+    history = ledger.history(run_id)
+    done = [e for e in history if e.kind == "done"]
+    assert len(done) == 1 and done[0].actor not in a_tokens, "the outcome is the new holder's"
+    v = check_run(run_id)
+    assert v.ok, v.failures
+    assert v.takeovers >= 1
+
+
+def test_redis_wipe_mid_flight_every_run_finishes(workers):
+    workers.start("a")
+    workers.start("b")
+    ids = [submit_run(f"u{i}", q) for i, q in enumerate(
+        ["buy headphones", "a laptop", "buy a desk lamp", "compare monitors", "buy an umbrella", "blender"])]
+    wait_for(lambda: sum(1 for r in ids if (runs.get_run(r).step or 0) >= 1) >= 3, 30, "runs in flight")
+    get_redis().flushall()
+    wait_terminal(ids, timeout=60)
+    for run_id in ids:
+        v = check_run(run_id, check_events=False)
+        assert v.ok, (run_id, v.failures)
+    rescues = [e for r in ids for e in ledger.history(r) if e.kind == "rescue"]
+    assert rescues, "runs whose messages were wiped must have been rescued"
+
+
+def test_sweeper_sends_a_wakeup_lost_after_commit(workers):
+    workers.start("a")
+    run_id = runs.new_run_id()
+    in_txn(runs.create_run_txn, run_id, "u1", "normal", "buy a water bottle", "api-that-crashed")
+    [run] = wait_terminal([run_id], timeout=30)
+    assert run.state == "done"
+    assert any(e.kind == "rescue" and "no lease" in e.reason for e in ledger.history(run_id))
+
+
+def test_transient_failures_retry_with_backoff_then_finish(workers):
+    workers.start("a")
+    run_id = submit_run("u1", "buy headphones [transient:2]")
+    wait_terminal([run_id], timeout=40)
+    v = check_run(run_id)
+    assert v.ok, v.failures
+    retries = [e for e in ledger.history(run_id) if e.kind == "retry"]
+    assert len(retries) == 2 * 4, "two retries for each of the four model calls"
+    assert all(e.detail["class"] == "transient" for e in retries)
+
+
+def test_terminal_failure_fails_and_settles_what_was_used(workers):
+    workers.start("a")
+    run_id = submit_run("u1", "laptop [terminal]")
+    [run] = wait_terminal([run_id], timeout=30)
+    assert (run.state, run.error_class) == ("failed", "terminal")
+    v = check_run(run_id)
+    assert v.settled_holds == 1 and v.credits_charged == 4, "one model call's usage (800 tokens) is charged"
+
+
+def test_retries_exhausted_goes_to_dead_letters(workers):
+    workers.start("a", FENCED_RETRY_BUDGET="2")
+    run_id = submit_run("u1", "laptop [transient:99]")
+    [run] = wait_terminal([run_id], timeout=30)
+    assert run.state == "dead"
+    entries = get_redis().xrange(keys.DEAD_LETTERS)
+    assert [e[1]["run_id"] for e in entries] == [run_id]
+
+
+def test_poison_run_is_dead_lettered_after_three_deliveries(workers):
+    workers.start("a", pool="prefork", concurrency=2)
+    poison = submit_run("u1", "buy [poison] headphones")
+    fine = [submit_run("u2", "buy a blender"), submit_run("u3", "monitor")]
+    [dead, *others] = wait_terminal([poison, *fine], timeout=60)
+    assert dead.state == "dead"
+    attempts = [e for e in ledger.history(poison) if e.kind in ("claimed", "takeover")]
+    assert len(attempts) == 4, "three deliveries crashed; the fourth claim dead-letters"
+    for run_id in fine:
+        v = check_run(run_id)
+        assert v.ok, v.failures

@@ -1,0 +1,74 @@
+"""Real `celery -A tasks worker` processes for the tests, each in its own process group."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoints import runs
+from fenced.workers import WorkerProcess
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_terminal(run_ids: list[str], timeout: float = 60) -> list[runs.Run]:
+    def all_done() -> list[runs.Run] | None:
+        rows = [runs.get_run(r) for r in run_ids]
+        return rows if all(r is not None and r.terminal for r in rows) else None
+
+    return wait_for(all_done, timeout, f"{len(run_ids)} runs to end")
+
+
+class Pool:
+    """The workers of one test; stopped (SIGKILL to each group) when the test ends."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.workers: list[WorkerProcess] = []
+
+    def start(self, name: str, pool: str = "threads", concurrency: int = 4, **env: str) -> WorkerProcess:
+        w = WorkerProcess(name, env={**os.environ, **env}, log_path=self.tmp / f"{name}.log",
+                          concurrency=concurrency, extra_args=["--pool", pool] if pool != "threads" else [])
+        w.start()
+        self.workers.append(w)
+        return w
+
+    def by_pid(self, pid: int) -> WorkerProcess:
+        try:
+            group = os.getpgid(pid)  # a prefork child is in its worker's process group
+        except ProcessLookupError:
+            group = pid
+        for w in self.workers:
+            if w.alive and group == w.pid:
+                return w
+        raise LookupError(f"no live worker has pid {pid}")
+
+    def holder_of(self, run_id: str) -> WorkerProcess | None:
+        run = runs.get_run(run_id)
+        if run is None or not run.owner:
+            return None
+        return self.by_pid(int(run.owner.split(":")[1]))
+
+    def stop_all(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
+@pytest.fixture
+def workers(tmp_path: Path, mysql_store: str) -> Iterator[Pool]:
+    pool = Pool(tmp_path)
+    yield pool
+    pool.stop_all()
