@@ -136,7 +136,7 @@ def _claim_txn(conn: Connection, run: Run, token: str) -> Claim | None:
             return None
     attempt_id = conn.execute(run_attempts.insert().values(
         run_id=run.run_id, step=run.step, epoch=epoch, worker=token, started_at_ms=now,
-    )).inserted_primary_key[0]
+    )).inserted_primary_key[0]  # type: ignore[index]
     takeover = run.owner is not None
     if takeover:
         ledger.record_txn(conn, run.run_id, epoch, token, "takeover",

@@ -43,7 +43,7 @@ class TerminalError(StepError):
     failure_class = "terminal"
 
 
-class Interrupt(BaseException):  # noqa: N818 - a control-flow signal, not an error
+class Interrupt(BaseException):
     """Base of signals that end a step at once and must not be swallowed by `except Exception`."""
 
 

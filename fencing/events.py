@@ -59,7 +59,8 @@ def read(run_id: str, after: str = "-", client: redis.Redis | None = None) -> li
     client = client or get_redis()
     start = "-" if after in ("", "-") else f"({after}"
     out = []
-    for stream_id, f in client.xrange(keys.events(run_id), min=start):
+    entries: list[tuple[str, dict[str, str]]] = client.xrange(keys.events(run_id), min=start)  # type: ignore[assignment]
+    for stream_id, f in entries:
         out.append(Event(f["eid"], f["type"], int(f["step"]), int(f["epoch"]), json.loads(f["data"]), stream_id))
     return out
 

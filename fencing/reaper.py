@@ -39,7 +39,8 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
     scripts = scripts_for(client)
     now = now_ms()
     rescued = []
-    for run_id in client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch):
+    expired: list[str] = client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch)  # type: ignore[assignment]
+    for run_id in expired:
         if not scripts("pop_expired", [keys.LEASE_INDEX], [run_id, now]):
             continue  # renewed meanwhile, or another reaper took it
         # The marker blocks a second rescue for one lease lifetime: the rescued delivery's own lease

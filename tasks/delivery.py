@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 
 from checkpoints import ledger, runs
@@ -18,7 +20,7 @@ from tasks.step import StepRunner, dead_letter
 log = structlog.get_logger("tasks.delivery")
 
 
-def deliver(run_id: str, step: int | None, send_next: object) -> str:
+def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]) -> str:
     """Handle one wake-up; returns what happened (for logs and tests). `send_next(run_id, step)` sends."""
     s = get_settings()
     run = runs.get_run(run_id)

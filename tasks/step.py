@@ -13,9 +13,9 @@ from typing import Any
 import structlog
 
 from checkpoints import ledger, runs
+from checkpoints.db import is_transient_db_error
 from checkpoints.runs import Claim, Usage
 from fenced import faults
-from checkpoints.db import is_transient_db_error
 from fenced.errors import FixableError, LeaseLost, StepError, TerminalError, TransientError
 from fenced.settings import get_settings
 from fencing import events

@@ -48,12 +48,12 @@ def _kill_at(workers, point: str, query: str = "buy running shoes") -> tuple[str
 def test_sigkill_mid_step_resumes_once(workers, point):
     workers.start("a")
     workers.start("b")
-    run_id, victim = _kill_at(workers, point)
+    run_id, _victim = _kill_at(workers, point)
     [run] = wait_terminal([run_id], timeout=40)
     v = check_run(run_id)
     assert v.ok, v.failures
     assert v.takeovers == 1 and v.resumed_events == 1
-    resumed = [e for e in events.read(run_id) if e.type == "task_resumed"][0]
+    resumed = next(e for e in events.read(run_id) if e.type == "task_resumed")
     # The armed point fires on the run's first step: before checkpoint A (phase none) or after it.
     assert resumed.data["phase"] == ("none" if point == "after_model_call" else "decided")
     assert (run.model_calls, v.credits_charged) == (4, 16), "charged exactly like an unkilled run"
@@ -170,7 +170,7 @@ def test_poison_run_is_dead_lettered_after_three_deliveries(workers):
     workers.start("a", pool="prefork", concurrency=2)
     poison = submit_run("u1", "buy [poison] headphones")
     fine = [submit_run("u2", "buy a blender"), submit_run("u3", "monitor")]
-    [dead, *others] = wait_terminal([poison, *fine], timeout=60)
+    [dead, *_others] = wait_terminal([poison, *fine], timeout=60)
     assert dead.state == "dead"
     attempts = [e for e in ledger.history(poison) if e.kind in ("claimed", "takeover")]
     assert len(attempts) == 4, "three deliveries crashed; the fourth claim dead-letters"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
-import pytest
 from checkpoints import billing, effects, ledger, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
@@ -81,7 +81,8 @@ def test_checkpoints_move_the_run_and_keep_history(store):
     c = runs.claim(run, "w/1")
     runs.write_decided(c, 0, {"history": [], "decision": {"name": "planner"}}, Usage(600, 200, 1), "1-1")
     mid = runs.get_run(run.run_id)
-    assert (mid.phase, mid.step, mid.prompt_tokens, mid.checkpoint["decision"]["name"]) == ("decided", 0, 600, "planner")
+    assert (mid.phase, mid.step, mid.prompt_tokens) == ("decided", 0, 600)
+    assert mid.checkpoint["decision"]["name"] == "planner"
     runs.write_step_done(c, 0, {"history": [{"step": 0}]}, Usage(600, 200, 1), "1-2")
     after = runs.get_run(run.run_id)
     assert (after.phase, after.step, after.owner, after.deliveries) == ("done", 1, None, 0)

@@ -38,9 +38,9 @@ class OpenAICompatModel:
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                           {"role": "user", "content": ctx.query}]
         for h in ctx.history:
-            calls = [{"id": c["id"], "type": "function",
+            wire = [{"id": c["id"], "type": "function",
                       "function": {"name": c["name"], "arguments": json.dumps(c["args"])}} for c in h["tool_calls"]]
-            messages.append({"role": "assistant", "content": h["text"], **({"tool_calls": calls} if calls else {})})
+            messages.append({"role": "assistant", "content": h["text"], **({"tool_calls": wire} if wire else {})})
             for call_id, result in h["results"].items():
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)})
         try:

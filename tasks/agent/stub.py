@@ -51,7 +51,8 @@ class StubModel:
         if self.step_ms:
             time.sleep(self.step_ms / 1000)
         tokens = self.tokens * (3 if ctx.kind == "large" else 1)
-        usage = {"prompt_tokens": tokens * 3 // 4, "completion_tokens": tokens - tokens * 3 // 4}
+        prompt = tokens * 3 // 4
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": tokens - prompt}
         name = STEPS[min(ctx.step, len(STEPS) - 1)]
         if ctx.step == 0:
             return Decision(name, f"Plan: search the catalog for '{ctx.query}', compare, then summarise.",
