@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -20,7 +21,19 @@ if TYPE_CHECKING:
 
 app = typer.Typer(name="fenced", help="Durable, fenced, resumable agent runs on Celery.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_show_locals=False)
-out = Console(highlight=False)  # rich looks sys.stdout up at each write, so CliRunner captures it
+
+
+class _Out:
+    """stdout for tables: looked up at each use (CliRunner swaps it); wide when piped, not 80 columns."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        console = Console(highlight=False)
+        if not console.is_terminal:
+            console = Console(highlight=False, width=max(console.width, 160))
+        console.print(*objects, **kwargs)
+
+
+out = _Out()
 RUN_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled", "dead")  # checkpoints.schema
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 RunArg = Annotated[str, typer.Argument(help="A run id (or a unique prefix of one, 4+ characters).")]
@@ -45,6 +58,10 @@ def _ms(ms: int | None) -> str:
     if not ms:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _clock(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
 def _require_store() -> None:
@@ -200,8 +217,9 @@ def list_runs(
         emit_json([run_dict(r) for r in found])
         return
     table = Table(box=None, header_style="bold")
-    for col in ("run", "created", "user", "kind", "state", "step", "epoch", "owner", "query"):
-        table.add_column(col)
+    for col in ("run", "created", "user", "kind", "state", "step", "epoch", "owner"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("query", overflow="ellipsis", max_width=40)
     for r in found:
         table.add_row(r.run_id, _ms(r.created_at_ms), r.user_id, r.kind, r.state, str(r.step), str(r.epoch),
                       r.owner or "-", r.query if len(r.query) <= 40 else r.query[:39] + "…")
@@ -248,11 +266,11 @@ def events(
         return
     table = Table(box=None, header_style="bold")
     for col in ("at", "epoch", "step", "type", "eid", "data"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     for e in shown:
-        at = _ms(int(e.stream_id.split("-")[0])) if e.stream_id else "-"
+        at = _clock(int(e.stream_id.split("-")[0])) if e.stream_id else "-"
         data = json.dumps(e.data, separators=(",", ":"), sort_keys=True)
-        table.add_row(at, str(e.epoch), str(e.step), e.type, e.eid, data if len(data) <= 80 else data[:79] + "…")
+        table.add_row(at, str(e.epoch), str(e.step), e.type, e.eid, data if len(data) <= 70 else data[:69] + "…")
     out.print(table, markup=False)
     if not raw and len(shown) != len(stream):
         out.print(f"({len(stream) - len(shown)} superseded or duplicate entries hidden; --raw shows them)",
@@ -274,10 +292,11 @@ def ledger(run_id: RunArg, as_json: JsonOpt = False) -> None:
 
 def _ledger_table(entries: list[Any]) -> Table:
     table = Table(box=None, header_style="bold")
-    for col in ("at", "epoch", "kind", "actor", "reason"):
-        table.add_column(col, overflow="fold")
+    for col in ("at", "epoch", "kind", "actor"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("reason", overflow="fold")
     for e in entries:
-        table.add_row(_ms(e.at_ms), str(e.epoch), e.kind, e.actor, e.reason)
+        table.add_row(_clock(e.at_ms), str(e.epoch), e.kind, e.actor, e.reason)
     return table
 
 
@@ -293,6 +312,8 @@ def demo(
     file under ./.fenced/. Exit code 0 only if every verdict holds."""
     from fenced.demo import render, run_demo
 
+    # A SIGTERM'd demo cleans up like an interrupted one: no stray workers or redis-server left behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         result = run_demo(runs, workers)
     except KeyboardInterrupt:

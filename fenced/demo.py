@@ -138,6 +138,8 @@ def run_demo(n_runs: int = 8, n_workers: int = 2, log: Console | None = None) ->
         return DemoResult(reports, _verdict(reports), killed, stores.describe(),
                           round(time.monotonic() - started, 1))
     finally:
+        for w in workers:  # all at once: each finishes its current step while the others do too
+            w.kill(signal.SIGTERM)
         for w in workers:
             try:
                 w.stop(timeout=10)

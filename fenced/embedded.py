@@ -130,8 +130,9 @@ class Stores:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.redis_url = os.environ.get("FENCED_REDIS_URL", "")
         if not self.redis_url:
-            self.redis = EmbeddedRedis(self.state_dir / f"redis-{os.getpid()}").start()
-            self.redis_url = self.redis.url
+            # Assigned before start(): an interrupt during start-up must still stop the server.
+            self.redis = EmbeddedRedis(self.state_dir / f"redis-{os.getpid()}")
+            self.redis_url = self.redis.start().url
         self.db_url = os.environ.get("FENCED_DB_URL", "")
         if not self.db_url:
             self.embedded_db = True

@@ -31,8 +31,8 @@ class OpenAICompatModel:
     def __init__(self) -> None:
         s = get_settings()
         self.model = s.openai_model
-        self.client = httpx.Client(base_url=s.openai_base_url, timeout=60,
-                                   headers={"Authorization": f"Bearer {s.openai_api_key}"})
+        headers = {"Authorization": f"Bearer {s.openai_api_key}"} if s.openai_api_key else {}
+        self.client = httpx.Client(base_url=s.openai_base_url, timeout=60, headers=headers)
 
     def decide(self, ctx: AgentContext) -> Decision:
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
