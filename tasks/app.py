@@ -45,6 +45,8 @@ def _on_worker_init(**_: Any) -> None:
 
     s = get_settings()
     migrate()
+    if s.lease_ttl_ms < 3 * s.heartbeat_ms:
+        log.warning("lease_under_three_heartbeats", lease_ttl_ms=s.lease_ttl_ms, heartbeat_ms=s.heartbeat_ms)
     log.info("worker_init", lease_ttl_ms=s.lease_ttl_ms, heartbeat_ms=s.heartbeat_ms,
              reaper_tick_ms=s.reaper_tick_ms, sweeper_interval_ms=s.sweeper_interval_ms)
 
