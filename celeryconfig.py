@@ -26,7 +26,8 @@ task_acks_late = True
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_concurrency = _settings.concurrency
-worker_pool = "threads"  # agent steps wait on I/O; see README for prefork
+# No worker_pool here: Celery cannot tell `--pool prefork` from its default and would use this
+# setting instead. `fenced worker` and the README pass `--pool threads` (steps wait on I/O).
 task_time_limit = _settings.step_timeout_s + 30
 worker_hijack_root_logger = False
 

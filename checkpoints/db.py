@@ -47,8 +47,10 @@ def _make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin_immediate(conn: Connection) -> None:
-            # Writers take the lock at BEGIN, so a read-then-write never fails with "database is locked".
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Writers take the lock at BEGIN, so a read-then-write never fails with "database is locked";
+            # readers (transaction(readonly=True)) stay deferred and never wait for a writer (WAL).
+            readonly = conn.get_execution_options().get("fenced_readonly", False)
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
     return sa.create_engine(
@@ -91,10 +93,13 @@ Trades latency for riding out a database restart; only for transactions whose wr
 
 
 @contextmanager
-def transaction(url: str | None = None) -> Iterator[Connection]:
+def transaction(url: str | None = None, readonly: bool = False) -> Iterator[Connection]:
     """One transaction on the store; functions that take its connection end in `_txn`."""
-    with get_engine(url).begin() as conn:
-        yield conn
+    with get_engine(url).connect() as conn:
+        if readonly:
+            conn = conn.execution_options(fenced_readonly=True)
+        with conn.begin():
+            yield conn
 
 
 def in_txn(fn: Callable[..., T], *args: Any, url: str | None = None, **kwargs: Any) -> T:

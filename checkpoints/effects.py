@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from checkpoints import ledger
-from checkpoints.db import in_txn
+from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Claim, fenced_update_txn, now_ms
 from checkpoints.schema import cart_cards
 
@@ -81,9 +81,7 @@ def _create_card_txn(conn: Connection, c: Claim, key: str, items: list[dict[str,
 
 
 def cards_for(run_id: str) -> list[Card]:
-    from checkpoints.db import transaction
-
-    with transaction() as conn:
+    with transaction(readonly=True) as conn:
         rows = conn.execute(sa.select(cart_cards).where(cart_cards.c.run_id == run_id)
                             .order_by(cart_cards.c.created_at_ms)).mappings().all()
     return [_card(r, reused=False) for r in rows]

@@ -43,7 +43,7 @@ def record(run_id: str, epoch: int, actor: str, kind: str, reason: str,
 
 def history(run_id: str) -> list[Entry]:
     """A run's ledger, oldest first."""
-    with transaction() as conn:
+    with transaction(readonly=True) as conn:
         rows = conn.execute(sa.select(run_ledger).where(run_ledger.c.run_id == run_id)
                             .order_by(run_ledger.c.id)).mappings().all()
     return [Entry(r["id"], r["run_id"], r["at_ms"], r["epoch"], r["actor"], r["kind"], r["reason"],

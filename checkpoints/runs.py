@@ -102,7 +102,7 @@ def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query
 
 
 def get_run(run_id: str) -> Run | None:
-    with transaction() as conn:
+    with transaction(readonly=True) as conn:
         row = conn.execute(sa.select(run_checkpoints).where(run_checkpoints.c.run_id == run_id)).mappings().first()
     return Run.from_row(row) if row else None
 
@@ -111,7 +111,7 @@ def list_runs(limit: int = 50, state: str | None = None) -> list[Run]:
     q = sa.select(run_checkpoints).order_by(run_checkpoints.c.created_at_ms.desc()).limit(limit)
     if state:
         q = q.where(run_checkpoints.c.state == state)
-    with transaction() as conn:
+    with transaction(readonly=True) as conn:
         return [Run.from_row(r) for r in conn.execute(q).mappings().all()]
 
 
@@ -218,8 +218,8 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
     def txn(conn: Connection) -> int | None:
         now = now_ms()
         fenced_update_txn(conn, c.run.run_id, c.epoch, f"terminal write ({state})", state=state,
-                          checkpoint=blob, owner=None, answer=answer, error_class=error_class, error=error,
-                          last_event_id=last_event_id, finished_at_ms=now, updated_at_ms=now)
+                          phase="done", checkpoint=blob, owner=None, answer=answer, error_class=error_class,
+                          error=error, last_event_id=last_event_id, finished_at_ms=now, updated_at_ms=now)
         charge = billing.settle_txn(conn, c.run.run_id, c.epoch, c.token, usage.prompt_tokens,
                                     usage.completion_tokens, now)
         reason = f"run {state}" + (f": [{error_class}] {error}" if error else "")
@@ -276,7 +276,7 @@ def end_attempt(attempt_id: int, outcome: str, error: str | None = None) -> None
 
 def stalled(older_than_ms: int, limit: int = 500) -> list[tuple[str, int, str]]:
     """Runs the database calls live (queued/running) that made no progress since `older_than_ms`."""
-    with transaction() as conn:
+    with transaction(readonly=True) as conn:
         rows = conn.execute(
             sa.select(run_checkpoints.c.run_id, run_checkpoints.c.step, run_checkpoints.c.kind)
             .where(run_checkpoints.c.state.in_(LIVE_STATES), run_checkpoints.c.updated_at_ms < older_than_ms)

@@ -88,7 +88,7 @@ def resolve_run(run_id: str) -> Run:
     if run is not None:
         return run
     if re.fullmatch(r"[0-9a-fA-F-]{4,63}", run_id):
-        with transaction() as conn:
+        with transaction(readonly=True) as conn:
             query = sa.select(rc.c.run_id).where(rc.c.run_id.startswith(run_id.lower())).limit(2)
             ids = conn.execute(query).scalars().all()
         if len(ids) == 1:
@@ -147,7 +147,7 @@ def submit(
 def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """A run's state, owner, usage, charge, answer, cards, recent ledger and event count."""
     from checkpoints import effects, ledger
-    from fenced.demo import holds_for
+    from fenced.verdict import holds_of as holds_for
 
     run = resolve_run(run_id)
     holds = [dict(h._mapping) for h in holds_for(run.run_id)]
@@ -230,10 +230,11 @@ def list_runs(
 def worker(ctx: typer.Context) -> None:
     """Exec `celery -A tasks worker` with the project defaults; extra arguments go to celery (last wins)."""
     from fenced.settings import get_settings
-    from fenced.workers import ALL_QUEUES
+    from fenced.workers import ALL_QUEUES, pool_option, split_pool
 
-    argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "threads",
-            "-c", str(get_settings().concurrency), "-Q", ",".join(ALL_QUEUES), "-l", "info", *ctx.args]
+    pool, extra = split_pool(ctx.args)
+    argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", *pool_option(pool or "threads"),
+            "-c", str(get_settings().concurrency), "-Q", ",".join(ALL_QUEUES), "-l", "info", *extra]
     sys.stdout.flush()
     os.execv(sys.executable, argv)  # noqa: S606 - replace this process: signals reach celery directly
 
@@ -322,18 +323,19 @@ def demo(
     if as_json:
         emit_json(result.to_dict())
     else:
-        render(result, out)
+        render(result)
     raise typer.Exit(0 if result.ok else 1)
 
 
 def main() -> None:
     """Entry point of the `fenced` script: store outages become one clear line, not a traceback."""
+    import kombu.exceptions
     import redis
     import sqlalchemy as sa
 
     try:
         app()
-    except redis.ConnectionError as exc:
+    except (redis.ConnectionError, kombu.exceptions.OperationalError) as exc:
         typer.echo(f"error: Redis unreachable: {exc}", err=True)
         sys.exit(1)
     except sa.exc.OperationalError as exc:

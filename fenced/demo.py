@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fenced.embedded import Stores
-from fenced.workers import WorkerProcess
+from fenced.verdict import CHECKS, RunVerdict, check_run
+from fenced.workers import READY_TEXT, WorkerProcess
 
 # Short leases so a takeover happens in seconds; slow enough steps that the kill lands mid-step.
 DEMO_DEFAULTS = {"FENCED_LEASE_TTL_MS": "3000", "FENCED_HEARTBEAT_MS": "1000", "FENCED_STUB_STEP_MS": "400"}
@@ -34,36 +35,19 @@ FINISH_TIMEOUT_S = 120.0
 
 
 @dataclass
-class RunReport:
-    """What one run ended as, and the checks the verdict is made of."""
-
-    run_id: str
-    query: str
-    kind: str
-    state: str
-    steps: int
-    model_calls: int
-    credits_charged: int | None
-    holds: list[str]
-    cards: int
-    cards_expected: int
-    takeovers: int
-    took_over_from: list[str]
-    rescues: int
-    resumed_events: int
-    finished_on: str | None
-    checks: dict[str, bool] = field(default_factory=dict)
-
-
-@dataclass
 class DemoResult:
     """The whole demo: per-run reports, the kill, the verdict (`ok` is the exit status)."""
 
-    runs: list[RunReport]
+    runs: list[RunVerdict]
     verdict: dict[str, bool]
     killed: dict[str, Any] | None
     stores: dict[str, str]
     elapsed_s: float
+    worker_names: dict[int, str] = field(default_factory=dict)  # every incarnation's pid -> worker name
+
+    def who(self, token: str | None) -> str:
+        pid = owner_pid(token)
+        return f"{self.worker_names.get(pid, '?') if pid else '?'}/{pid}"
 
     @property
     def ok(self) -> bool:
@@ -71,7 +55,7 @@ class DemoResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "verdict": self.verdict, "killed": self.killed, "stores": self.stores,
-                "elapsed_s": self.elapsed_s, "runs": [asdict(r) for r in self.runs]}
+                "elapsed_s": self.elapsed_s, "runs": [r.to_dict() for r in self.runs]}
 
 
 def quiet_core_logs(level: int = logging.WARNING) -> None:
@@ -111,7 +95,7 @@ def run_demo(n_runs: int = 8, n_workers: int = 2, log: Console | None = None) ->
         for w in workers:
             w.start(wait_ready=False)
         for w in workers:
-            w.wait_for_log("ready.", timeout=60)
+            w.wait_for_log(READY_TEXT, timeout=60)
         log.print(f"[bold]workers[/] {', '.join(f'{w.name} (pid {w.pid})' for w in workers)}; logs in {logs_dir}")
 
         from tasks import submit_run
@@ -133,10 +117,9 @@ def run_demo(n_runs: int = 8, n_workers: int = 2, log: Console | None = None) ->
             log.print(f"[bold]restarted[/] {victim.name} as pid {victim.pid}")
 
         _wait_terminal(run_ids, FINISH_TIMEOUT_S, log)
-        names = {pid: w.name for w in workers for pid in w.pids}
-        reports = [_report(run_id, names) for run_id in run_ids]
+        reports = [check_run(run_id) for run_id in run_ids]
         return DemoResult(reports, _verdict(reports), killed, stores.describe(),
-                          round(time.monotonic() - started, 1))
+                          round(time.monotonic() - started, 1), {pid: w.name for w in workers for pid in w.pids})
     finally:
         for w in workers:  # all at once: each finishes its current step while the others do too
             w.kill(signal.SIGTERM)
@@ -152,7 +135,7 @@ def _live_rows(run_ids: list[str]) -> list[Any]:
     from checkpoints.db import transaction
     from checkpoints.schema import run_checkpoints as rc
 
-    with transaction() as conn:
+    with transaction(readonly=True) as conn:
         return list(conn.execute(sa.select(rc.c.run_id, rc.c.state, rc.c.owner, rc.c.step, rc.c.phase)
                                  .where(rc.c.run_id.in_(run_ids))).all())
 
@@ -195,66 +178,13 @@ def _wait_terminal(run_ids: list[str], timeout: float, log: Console) -> None:
     log.print(f"[bold red]timeout[/]: not every run was terminal after {timeout:.0f} s")
 
 
-def holds_for(run_id: str) -> list[Any]:
-    """The billing hold rows of a run (exactly one is expected)."""
-    from checkpoints.db import transaction
-    from checkpoints.schema import run_holds
-
-    with transaction() as conn:
-        return list(conn.execute(sa.select(run_holds).where(run_holds.c.run_id == run_id)).all())
+def _verdict(reports: list[RunVerdict]) -> dict[str, bool]:
+    return {check: all(check not in r.failed for r in reports) for check in CHECKS}
 
 
-def _report(run_id: str, worker_names: dict[int, str]) -> RunReport:
-    from checkpoints import billing, effects, ledger, runs
-    from fencing import events
-
-    run = runs.get_run(run_id)
-    assert run is not None, run_id
-    history = run.checkpoint.get("history", [])
-    cart_calls = {c["id"] for h in history for c in h.get("tool_calls", []) if c["name"] == "add_to_cart"}
-    holds = holds_for(run_id)
-    entries = ledger.history(run_id)
-    takeovers = [e for e in entries if e.kind == "takeover"]
-    finished = next((e for e in entries if e.kind in ("done", "failed", "dead")), None)
-
-    def who(token: str | None) -> str:
-        pid = owner_pid(token)
-        return f"{worker_names.get(pid, '?') if pid else '?'}/{pid}"
-
-    settled = [h for h in holds if h.state == "settled"]
-    charge = settled[0].credits_charged if len(settled) == 1 else None
-    report = RunReport(
-        run_id=run_id, query=run.query, kind=run.kind, state=run.state, steps=len(history),
-        model_calls=run.model_calls, credits_charged=charge, holds=[h.state for h in holds],
-        cards=len(effects.cards_for(run_id)), cards_expected=len(cart_calls), takeovers=len(takeovers),
-        took_over_from=[who(e.detail.get("previous_owner")) for e in takeovers],
-        rescues=sum(e.kind == "rescue" for e in entries),
-        resumed_events=sum(ev.type == "task_resumed" for ev in events.read(run_id)),
-        finished_on=who(finished.actor) if finished else None,
-    )
-    expected_charge = (billing.credits_for(run.prompt_tokens, run.completion_tokens, settled[0].credits_held)
-                       if len(settled) == 1 else None)
-    report.checks = {
-        "done": run.state == "done",
-        "charged_once": len(holds) == 1 and len(settled) == 1 and charge == expected_charge
-        and sum(e.kind == "settled" for e in entries) == 1,
-        "cards": report.cards == report.cards_expected and report.cards_expected <= 1,
-        "paid_once": run.model_calls == len(history),
-    }
-    return report
-
-
-def _verdict(reports: list[RunReport]) -> dict[str, bool]:
-    return {
-        "all_done": all(r.checks["done"] for r in reports),
-        "charged_once": all(r.checks["charged_once"] for r in reports),
-        "one_card_where_carted": all(r.checks["cards"] for r in reports),
-        "one_model_call_paid_per_step": all(r.checks["paid_once"] for r in reports),
-    }
-
-
-def render(result: DemoResult, out: Console) -> None:
-    """The table and the verdict lines."""
+def render(result: DemoResult, out: Console | None = None) -> None:
+    """The table and the verdict lines (on stdout by default)."""
+    out = out or Console(highlight=False)
     if not out.is_terminal and out.width < 150:
         out = Console(file=out.file, width=150, highlight=False)  # piped: don't squeeze into 80 columns
     table = Table(title="fenced demo", title_style="bold")
@@ -265,24 +195,20 @@ def render(result: DemoResult, out: Console) -> None:
     table.columns[1].max_width = 34
     table.columns[1].overflow = "ellipsis"
     for r in result.runs:
-        bad = not all(r.checks.values())
-        takeovers = str(r.takeovers) + (f" from {', '.join(r.took_over_from)} †" if r.took_over_from else "")
+        bad = not r.ok
+        took_over_from = [result.who(t) for t in r.took_over_from]
+        takeovers = str(r.takeovers) + (f" from {', '.join(took_over_from)} †" if took_over_from else "")
         table.add_row(
             r.run_id[:8], r.query, r.kind,
             f"[{'red' if r.state != 'done' else 'green'}]{r.state}[/]", str(r.steps),
             "-" if r.credits_charged is None else str(r.credits_charged), str(r.cards), takeovers,
-            str(r.resumed_events), r.finished_on or "-", style="red" if bad else None,
+            str(r.resumed_events), result.who(r.finished_by) if r.finished_by else "-", style="red" if bad else None,
         )
     out.print(table)
     n = len(result.runs)
     carted = sum(r.cards_expected > 0 for r in result.runs)
-    lines = {
-        "all_done": f"all {n} runs done",
-        "charged_once": "each charged exactly once (one settled hold)",
-        "one_card_where_carted": f"one cart card where the agent added to cart ({carted}), "
-                                 f"none elsewhere ({n - carted})",
-        "one_model_call_paid_per_step": "one model call paid per step",
-    }
+    lines = {**CHECKS, "done": f"all {n} runs done with an answer",
+             "cards": f"one cart card where the agent added to cart ({carted}), none elsewhere ({n - carted})"}
     for key, ok in result.verdict.items():
         out.print(f"[{'green' if ok else 'red'}]{'✔' if ok else '✘'} {lines[key]}[/]")
     if result.killed:

@@ -1,87 +1,114 @@
-"""The verdict on a finished run: done once, charged once, carded once, no tool shown twice."""
+"""The verdict on a finished run: done once, charged once, carded once, no tool shown twice.
+
+One place for the checks the demo, the tests and the chaos suite judge runs by.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from checkpoints import effects, ledger, runs
+from checkpoints import billing, effects, ledger, runs
 from checkpoints.db import transaction
 from checkpoints.schema import run_holds
 from fencing import events
-from tasks.agent.stub import wants_cart
+
+CHECKS = {
+    "done": "the run ends done with a complete answer",
+    "charged_once": "exactly one settled hold, charged what the recorded usage costs",
+    "cards": "one cart card where the agent added to cart, none elsewhere",
+    "paid_once": "one model call paid per step",
+    "stream": "the live event view shows each recorded tool call once and one final answer",
+}
 
 
 @dataclass
 class RunVerdict:
+    """A finished run's outcome and, per check in CHECKS that broke, why."""
+
     run_id: str
-    state: str
-    credits_charged: int | None
-    settled_holds: int
-    cards: int
-    takeovers: int
-    resumed_events: int
-    failures: list[str] = field(default_factory=list)
+    query: str = ""
+    kind: str = ""
+    state: str = "missing"
+    steps: int = 0
+    model_calls: int = 0
+    credits_charged: int | None = None
+    holds: list[str] = field(default_factory=list)
+    cards: int = 0
+    cards_expected: int = 0
+    takeovers: int = 0
+    took_over_from: list[str] = field(default_factory=list)  # lease tokens of the holders that died
+    rescues: int = 0
+    resumed_events: int = 0
+    finished_by: str | None = None  # lease token of the holder that wrote the terminal state
+    failed: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failed
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{k}: {v}" for k, v in self.failed.items()]
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
 
 
-def holds_of(run_id: str) -> list[dict[str, Any]]:
-    with transaction() as conn:
-        rows = conn.execute(sa.select(run_holds).where(run_holds.c.run_id == run_id)).mappings().all()
-    return [dict(r) for r in rows]
+def holds_of(run_id: str) -> list[Any]:
+    """The billing hold rows of a run (exactly one is expected)."""
+    with transaction(readonly=True) as conn:
+        return list(conn.execute(sa.select(run_holds).where(run_holds.c.run_id == run_id)).all())
 
 
 def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
     """Judge one run against the promise; `check_events=False` when Redis lost the stream on purpose."""
     run = runs.get_run(run_id)
     if run is None:
-        return RunVerdict(run_id, "missing", None, 0, 0, 0, 0, ["run row missing"])
+        return RunVerdict(run_id, failed={"done": "run row missing"})
+    history = run.checkpoint.get("history", [])
     holds = holds_of(run_id)
-    settled = [h for h in holds if h["state"] == "settled"]
-    cards = effects.cards_for(run_id)
-    history = ledger.history(run_id)
-    evs = events.read(run_id)
-    verdict = RunVerdict(
-        run_id, run.state, settled[0]["credits_charged"] if settled else None, len(settled), len(cards),
-        sum(1 for e in history if e.kind == "takeover"), sum(1 for e in evs if e.type == "task_resumed"),
+    settled = [h for h in holds if h.state == "settled"]
+    entries = ledger.history(run_id)
+    takeovers = [e for e in entries if e.kind == "takeover"]
+    finished = next((e for e in entries if e.kind in ("done", "failed", "dead")), None)
+    stream = events.read(run_id)
+    cart_calls = {c["id"] for h in history for c in h["tool_calls"] if c["name"] == "add_to_cart"}
+    v = RunVerdict(
+        run_id, run.query, run.kind, run.state, len(history), run.model_calls,
+        settled[0].credits_charged if len(settled) == 1 else None, [h.state for h in holds],
+        len(effects.cards_for(run_id)), len(cart_calls), len(takeovers),
+        [str(e.detail.get("previous_owner")) for e in takeovers], sum(e.kind == "rescue" for e in entries),
+        sum(e.type == "task_resumed" for e in stream), finished.actor if finished else None,
     )
-    f = verdict.failures
-    # 1. done with a complete answer
     if run.state != "done" or not run.answer:
-        f.append(f"1: state {run.state}, answer {'present' if run.answer else 'missing'}")
-    # 2. exactly one settled hold, charged something
-    if len(holds) != 1 or len(settled) != 1 or not settled[0]["credits_charged"]:
-        f.append(f"2: holds {[(h['state'], h['credits_charged']) for h in holds]}")
-    # 3. one cart card where the agent added to cart, none elsewhere
-    want = 1 if wants_cart(run.query) else 0
-    if len(cards) != want:
-        f.append(f"3: {len(cards)} cart cards, expected {want}")
-    # 4. the live view shows each recorded tool call exactly once, and nothing else
+        v.failed["done"] = f"state {run.state}, answer {'present' if run.answer else 'missing'}"
+    expected = None
+    if settled:
+        expected = billing.credits_for(run.prompt_tokens, run.completion_tokens, settled[0].credits_held)
+    n_settled = sum(e.kind == "settled" for e in entries)
+    if len(holds) != 1 or len(settled) != 1 or v.credits_charged != expected or n_settled != 1:
+        v.failed["charged_once"] = (f"holds {v.holds}, charged {v.credits_charged} (usage costs {expected}), "
+                                    f"{n_settled} settlements")
+    if v.cards != v.cards_expected or v.cards_expected > 1:
+        v.failed["cards"] = f"{v.cards} cards for {v.cards_expected} add_to_cart calls"
+    if run.model_calls != len(history):
+        v.failed["paid_once"] = f"{run.model_calls} model calls paid for {len(history)} steps"
     if check_events:
-        f.extend(_event_failures(run, evs))
-    return verdict
+        problem = _stream_problem(history, events.live_view(stream), run.state)
+        if problem:
+            v.failed["stream"] = problem
+    return v
 
 
-def _event_failures(run: runs.Run, evs: list[events.Event]) -> list[str]:
-    view = events.live_view(evs)
-    recorded = {c["id"] for h in run.checkpoint.get("history", []) for c in h["tool_calls"]}
-    started = Counter(e.data["id"] for e in view if e.type == "tool_started")
-    out = []
-    twice = [i for i, n in started.items() if n > 1]
-    if twice:
-        out.append(f"4: tool calls shown twice: {twice}")
-    if set(started) != recorded:
-        out.append(f"4: tools shown {sorted(started)} != recorded {sorted(recorded)}")
-    finals = [e for e in view if e.type == "run_done"]
-    if run.state == "done" and len(finals) != 1:
-        out.append(f"4: {len(finals)} run_done events in the live view")
-    return out
+def _stream_problem(history: list[dict[str, Any]], view: list[events.Event], state: str) -> str | None:
+    recorded = sorted(c["id"] for h in history for c in h["tool_calls"])
+    shown = sorted(e.data.get("id", "") for e in view if e.type == "tool_started")
+    finals = sum(e.type == "run_done" for e in view)
+    if shown != recorded:
+        return f"tools shown {shown} != recorded {recorded}"
+    if finals != (1 if state == "done" else 0):
+        return f"{finals} run_done events in the live view"
+    return None

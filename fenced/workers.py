@@ -18,12 +18,35 @@ ALL_QUEUES = ("agents.continue", "agents", "agents.large")
 READY_TEXT = "ready."  # celery logs "<name>@<host> ready." once it consumes
 
 
-def worker_argv(name: str, concurrency: int, queues: Sequence[str] = ALL_QUEUES,
-                extra: Sequence[str] = ()) -> list[str]:
-    """The command line of one worker with the project's defaults (threads pool, every queue in order)."""
+def pool_option(pool: str) -> list[str]:
+    return ["--pool", pool]
+
+
+def split_pool(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take every `--pool X`, `--pool=X`, `-P X` or `-PX` out of `args`; returns (the last pool, the rest)."""
+    pool, rest = None, []
+    it = iter(args)
+    for arg in it:
+        if arg in ("--pool", "-P"):
+            pool = next(it, None)
+        elif arg.startswith("--pool="):
+            pool = arg.split("=", 1)[1]
+        elif arg.startswith("-P") and len(arg) > 2:
+            pool = arg[2:]
+        else:
+            rest.append(arg)
+    return pool, rest
+
+
+def worker_argv(name: str, concurrency: int, queues: Sequence[str] = ALL_QUEUES, extra: Sequence[str] = (),
+                pool: str = "threads") -> list[str]:
+    """The command line of one worker with the project's defaults (every queue in order).
+
+    A pool given in `extra` (`--pool prefork`, `-P solo`) replaces `pool`."""
+    extra_pool, extra = split_pool(extra)
     return [
         sys.executable, "-m", "celery", "-A", "tasks", "worker",
-        "--pool", "threads", "-c", str(concurrency),
+        *pool_option(extra_pool or pool), "-c", str(concurrency),
         # Gossip, mingle and broker heartbeats only add chatter and start-up delay for our workers.
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         "-n", f"{name}@%h", "-l", "info", "-Q", ",".join(queues),
@@ -35,12 +58,13 @@ class WorkerProcess:
     """One local worker in its own session, so `kill()` takes down the whole process group.
 
     With the threads pool the Popen pid is the worker itself: it is the pid in lease owner tokens
-    (`host:pid:nonce/...`). Output of every incarnation is appended to one log file.
+    (`host:pid:nonce/...`); with prefork the owners are its children, in the same process group.
+    Output of every incarnation is appended to one log file.
     """
 
     def __init__(self, name: str, *, env: Mapping[str, str] | None = None, log_path: str | Path | None = None,
-                 concurrency: int = 4, queues: Sequence[str] = ALL_QUEUES, extra_args: Sequence[str] = (),
-                 cwd: str | Path = REPO_ROOT) -> None:
+                 concurrency: int = 4, pool: str = "threads", queues: Sequence[str] = ALL_QUEUES,
+                 extra_args: Sequence[str] = (), cwd: str | Path = REPO_ROOT) -> None:
         self.name = name
         self.env = dict(env or {})
         if log_path is None:
@@ -48,7 +72,7 @@ class WorkerProcess:
             os.close(fd)
             log_path = tmp
         self.log_path = Path(log_path)
-        self.argv = worker_argv(name, concurrency, queues, extra_args)
+        self.argv = worker_argv(name, concurrency, queues, extra_args, pool)
         self.cwd = Path(cwd)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids: list[int] = []  # every incarnation, oldest first

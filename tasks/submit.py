@@ -24,7 +24,11 @@ def submit_run(user_id: str, query: str, kind: str = "normal") -> str:
         events.append(run_id, 0, "run:queued", "run_queued", 0, {"kind": kind, "credits_held": credits})
     except Exception as exc:  # the stream is best effort; the row is the truth
         log.warning("queued_event_failed", run_id=run_id, epoch=0, error=repr(exc))
-    run_agent.apply_async(args=(run_id, None), task_id=run_id, queue=queues.for_kind(kind),
-                          routing_key=queues.for_kind(kind))
-    log.info("submitted", run_id=run_id, epoch=0, kind=kind, credits_held=credits)
+    try:
+        run_agent.apply_async(args=(run_id, None), task_id=run_id, queue=queues.for_kind(kind),
+                              routing_key=queues.for_kind(kind))
+    except Exception as exc:  # committed is committed: the sweeper sends the wake-up; never lose the id
+        log.error("wakeup_send_failed", run_id=run_id, epoch=0, error=repr(exc))
+    else:
+        log.info("submitted", run_id=run_id, epoch=0, kind=kind, credits_held=credits)
     return run_id

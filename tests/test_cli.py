@@ -1,0 +1,123 @@
+"""The `fenced` command line against a real SQLite store and the real local Redis (no workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from fenced.cli import app
+
+runner = CliRunner()
+
+
+def _point_at(db_url: str) -> None:
+    from fenced.embedded import reload_settings
+
+    os.environ["FENCED_DB_URL"] = db_url
+    reload_settings()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path, redis_client: object) -> Iterator[Path]:
+    """An empty, migrated SQLite run store; Redis flushed before (by redis_client) and after."""
+    from checkpoints.db import migrate
+
+    previous = os.environ["FENCED_DB_URL"]
+    path = tmp_path / "cli.db"
+    _point_at(f"sqlite:///{path}")
+    migrate()
+    yield path
+    redis_client.flushall()  # type: ignore[attr-defined]  # the wake-ups we sent: no worker will take them
+    _point_at(previous)
+
+
+def _count(table: sa.Table) -> int:
+    from checkpoints.db import transaction
+
+    with transaction() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
+
+
+def _nothing_written(redis_client: object) -> None:
+    from checkpoints.schema import run_checkpoints, run_holds, run_ledger
+
+    assert (_count(run_checkpoints), _count(run_holds), _count(run_ledger)) == (0, 0, 0)
+    assert redis_client.dbsize() == 0  # type: ignore[attr-defined]
+
+
+def test_unknown_run_exits_2_on_every_command(sqlite_store: Path, redis_client: object) -> None:
+    for args in (["status", "5e0d1c2b-0000-4000-8000-000000000000"], ["status", "nope"], ["events", "abcd"],
+                 ["ledger", "abcd1234"], ["status", "abcd", "--json"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "no run with id" in result.stderr
+        assert result.stdout == ""
+    _nothing_written(redis_client)
+
+
+def test_missing_sqlite_store_is_not_created(tmp_path: Path, redis_client: object) -> None:
+    previous = os.environ["FENCED_DB_URL"]
+    missing = tmp_path / "missing.db"
+    _point_at(f"sqlite:///{missing}")
+    try:
+        result = runner.invoke(app, ["runs"])
+    finally:
+        _point_at(previous)
+    assert result.exit_code == 2
+    assert "no run store" in result.stderr
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["submit", "--kind", "huge", "buy a lamp"],
+    ["submit", "   "],
+    ["submit", "--user", "", "buy a lamp"],
+    ["submit", "--user", "u" * 129, "buy a lamp"],
+])
+def test_bad_submit_exits_2_and_writes_nothing(sqlite_store: Path, redis_client: object, args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip()
+    assert result.stdout == ""
+    _nothing_written(redis_client)
+
+
+def test_runs_rejects_unknown_state(sqlite_store: Path) -> None:
+    result = runner.invoke(app, ["runs", "--state", "bogus"])
+    assert result.exit_code == 2
+    assert "--state must be one of" in result.stderr
+
+
+def test_submit_then_status_runs_events_ledger(sqlite_store: Path, redis_client: object) -> None:
+    submitted = runner.invoke(app, ["submit", "--user", "alice", "--kind", "large", "buy a backpack", "--json"])
+    assert submitted.exit_code == 0, submitted.output
+    run_id = json.loads(submitted.stdout)["run_id"]
+    assert redis_client.llen("agents.large") == 1  # type: ignore[attr-defined]  # the first wake-up
+
+    status = json.loads(runner.invoke(app, ["status", run_id, "--json"]).stdout)
+    assert (status["run_id"], status["user_id"], status["kind"]) == (run_id, "alice", "large")
+    assert (status["state"], status["epoch"], status["step"], status["owner"]) == ("queued", 0, 0, None)
+    assert [(h["state"], h["credits_held"], h["credits_charged"]) for h in status["holds"]] == [("held", 60, None)]
+    assert [e["kind"] for e in status["ledger"]] == ["submitted"]
+    assert status["cards"] == [] and status["events"] == 1
+
+    text = runner.invoke(app, ["status", run_id[:8]])  # a unique prefix is enough
+    assert text.exit_code == 0, text.output
+    assert run_id in text.stdout and "queued" in text.stdout and "held: - of 60 held credits" in text.stdout
+
+    listed = json.loads(runner.invoke(app, ["runs", "--json"]).stdout)
+    assert [r["run_id"] for r in listed] == [run_id]
+    assert json.loads(runner.invoke(app, ["runs", "--state", "done", "--json"]).stdout) == []
+    table = runner.invoke(app, ["runs", "--state", "queued"])
+    assert table.exit_code == 0 and run_id in table.stdout and "buy a backpack" in table.stdout
+
+    events = json.loads(runner.invoke(app, ["events", run_id, "--json"]).stdout)
+    assert [(e["type"], e["epoch"]) for e in events] == [("run_queued", 0)]
+    ledger = json.loads(runner.invoke(app, ["ledger", run_id, "--json"]).stdout)
+    assert [(e["kind"], e["actor"]) for e in ledger] == [("submitted", "api")]
