@@ -18,7 +18,8 @@ from checkpoints.runs import Claim, Usage
 from fenced import faults
 from fenced.errors import FixableError, LeaseLost, StepError, TerminalError, TransientError
 from fenced.settings import get_settings
-from fencing import events
+from fencing import events, keys
+from fencing.connection import get_redis
 from fencing.lease import Lease
 from tasks.agent import get_model
 from tasks.agent.model import AgentContext, Decision, Model
@@ -185,9 +186,6 @@ class StepRunner:
 
 def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> None:
     """Dead-letter the run in the database, then add it to the capped dead-letter stream."""
-    from fencing import keys
-    from fencing.connection import get_redis
-
     attempts = runs.dead_letter(c, reason, observations)
     s = get_settings()
     get_redis().xadd(keys.DEAD_LETTERS, {"run_id": c.run.run_id, "step": str(c.run.step), "reason": reason,
