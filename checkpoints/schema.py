@@ -12,6 +12,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
 )
 
 metadata = MetaData()
@@ -112,12 +113,27 @@ run_ledger = Table(
     Index("ix_run_ledger_run", "run_id", "id"),
 )
 
+effects = Table(
+    "effects",
+    metadata,
+    Column("request_key", String(255), primary_key=True),  # run_id:action:fingerprint
+    Column("run_id", String(64), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("result", Text, nullable=False),  # JSON: what the first execution returned
+    Column("epoch", Integer, nullable=False),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Index("ix_effects_run", "run_id"),
+)
+
 cart_cards = Table(
     "cart_cards",
     metadata,
     Column("card_id", String(64), primary_key=True),
     Column("request_key", String(255), nullable=False, unique=True),
     Column("run_id", String(64), nullable=False),
+    Column("user_id", String(128), nullable=False, server_default=""),
+    Column("expires_at_ms", BigInteger, nullable=False, server_default="0"),
+    Column("confirmed_at_ms", BigInteger),
     Column("operation_id", String(64), nullable=False, unique=True),
     Column("items", Text, nullable=False),  # JSON, sorted by item id
     Column("total_cents", Integer, nullable=False),
@@ -133,7 +149,34 @@ orders = Table(
     Column("order_id", String(64), primary_key=True),
     Column("operation_id", String(64), nullable=False, unique=True),
     Column("card_id", String(64), nullable=False),
+    Column("user_id", String(128), nullable=False, server_default=""),
     Column("created_at_ms", BigInteger, nullable=False),
+)
+
+run_inputs = Table(
+    "run_inputs",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("turn", Integer, nullable=False),  # the step that asked
+    Column("tool_call_id", String(64), nullable=False),  # ask_user's call id, or "fix:<step>:<epoch>"
+    Column("kind", String(16), nullable=False),  # ask_user / fixable
+    Column("question", Text, nullable=False),
+    Column("reply", Text),
+    Column("epoch", Integer, nullable=False),
+    Column("asked_at_ms", BigInteger, nullable=False),
+    Column("replied_at_ms", BigInteger),
+    Column("replied_by", String(128)),
+    UniqueConstraint("run_id", "tool_call_id", name="uq_run_inputs_call"),
+)
+
+user_accounts = Table(
+    "user_accounts",
+    metadata,
+    Column("user_id", String(128), primary_key=True),
+    Column("balance_credits", BigInteger, nullable=False),  # never negative
+    Column("held_credits", BigInteger, nullable=False),  # sum of this user's open holds
+    Column("updated_at_ms", BigInteger, nullable=False),
 )
 
 dead_letters = Table(
@@ -145,4 +188,7 @@ dead_letters = Table(
     Column("attempts", Text, nullable=False),  # JSON: every attempt with its error
     Column("observations", Text),  # JSON: the last worker's view
     Column("at_ms", BigInteger, nullable=False),
+    Column("replayed_at_ms", BigInteger),
+    Column("replayed_by", String(128)),
+    Column("replays", Integer, nullable=False, server_default="0"),
 )

@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     hold_expiry_s: int = Field(900, gt=0, description="A hold nobody ran is released after this")
     credits_per_1k_tokens: float = Field(5.0, ge=0, description="Price of model usage")
 
+    # Effects, admission and accounts.
+    card_ttl_s: int = Field(1_800, gt=0, description="A cart card can be confirmed for this long")
+    max_queued_runs: int = Field(1_000, gt=0, description="Global limit: undelivered + admitted-not-sent runs")
+    max_runs_per_user: int = Field(10, gt=0, description="Concurrent (admitted, unfinished) runs per user")
+    admission_ttl_s: int = Field(3_600, gt=0, description="An admission slot nobody released is freed after this")
+    default_balance_credits: int = Field(1_000, ge=0, description="Starting balance of a user never seen before")
+    large_promote_every_ms: int = Field(2_000, gt=0, description="Move the oldest large run ahead this often")
+
     # The demo agent's stub model.
     stub_step_ms: int = Field(300, ge=0, description="Simulated model latency per step")
     stub_tokens: int = Field(800, ge=0, description="Tokens per stub model call (normal runs; large x3)")
