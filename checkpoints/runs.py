@@ -245,7 +245,7 @@ def park(c: Claim, reason: str, usage: Usage, last_event_id: str) -> None:
 
 
 def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> list[dict[str, Any]]:
-    """Send the run to `dead`: keep every attempt and the last observations; settle what was used."""
+    """Send the run to `dead`: keep every attempt and the last observations; the hold stays open."""
 
     def txn(conn: Connection) -> list[dict[str, Any]]:
         now = now_ms()
@@ -261,7 +261,8 @@ def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> list[dic
             run_id=run.run_id, step=run.step, reason=reason, attempts=json.dumps(attempts, default=str),
             observations=json.dumps(observations, default=str), at_ms=now,
         ))
-        billing.settle_txn(conn, run.run_id, c.epoch, c.token, run.prompt_tokens, run.completion_tokens, now)
+        # The hold stays held: a replay settles it in its terminal transaction; the sweeper settles
+        # what was used once a dead letter has waited hold_expiry_s without a replay.
         ledger.record_txn(conn, run.run_id, c.epoch, c.token, "dead_lettered", reason,
                           {"attempts": len(attempts)})
         return attempts

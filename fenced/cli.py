@@ -327,6 +327,9 @@ def demo(
     raise typer.Exit(0 if result.ok else 1)
 
 
+import fenced.cli_lifecycle  # noqa: E402,F401  (registers its commands on `app`)
+
+
 def main() -> None:
     """Entry point of the `fenced` script: store outages become one clear line, not a traceback."""
     import kombu.exceptions

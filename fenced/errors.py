@@ -63,5 +63,13 @@ class LeaseLost(Interrupt):
         self.run_id = run_id
 
 
+class WaitForInput(Interrupt):
+    """A tool needs a person's answer: the run parks in `waiting`; the reply wakes it."""
+
+    def __init__(self, question: str, tool_call_id: str) -> None:
+        super().__init__(question)
+        self.question, self.tool_call_id = question, tool_call_id
+
+
 class RunCancelled(Interrupt):
     """The run was cancelled while this step ran."""

@@ -51,6 +51,32 @@ def _on_worker_init(**_: Any) -> None:
              reaper_tick_ms=s.reaper_tick_ms, sweeper_interval_ms=s.sweeper_interval_ms)
 
 
+@signals.worker_shutting_down.connect
+def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
+    """SIGTERM: Celery stops consuming and lets steps in flight finish; we bound that by drain_s.
+
+    A step still running after drain_s dies with the worker; its lease expires and another worker
+    takes the run over from its last checkpoint, so an overrun is taken over, never dropped."""
+    import multiprocessing
+    import os
+    import threading
+
+    from fenced.settings import get_settings
+
+    drain_s = get_settings().drain_s
+
+    def give_up() -> None:
+        log.warning("drain_overrun", drain_s=drain_s, how=how)
+        for child in multiprocessing.active_children():
+            child.kill()
+        os._exit(1)
+
+    log.info("draining", signal=sig, how=how, drain_s=drain_s)
+    timer = threading.Timer(drain_s, give_up)
+    timer.daemon = True
+    timer.start()
+
+
 from tasks.bootsteps import LivenessStep  # noqa: E402  (needs `app` defined)
 
 app.steps["worker"].add(LivenessStep)

@@ -12,18 +12,18 @@ from typing import Any
 
 import structlog
 
-from checkpoints import ledger, runs
+from checkpoints import inputs, ledger, runs
 from checkpoints.db import is_transient_db_error
 from checkpoints.runs import Claim, Usage
 from fenced import faults
-from fenced.errors import FixableError, LeaseLost, StepError, TerminalError, TransientError
+from fenced.errors import FixableError, LeaseLost, StepError, TerminalError, TransientError, WaitForInput
 from fenced.settings import get_settings
 from fencing import events, keys
 from fencing.connection import get_redis
 from fencing.lease import Lease
 from tasks.agent import get_model
 from tasks.agent.model import AgentContext, Decision, Model
-from tasks.agent.tools import run_tool
+from tasks.agent.tools import ToolContext, run_tool
 
 log = structlog.get_logger("tasks.step")
 
@@ -79,7 +79,9 @@ class StepRunner:
         except RetriesExhausted as exc:
             return self._dead(str(exc))
         except FixableError as exc:
-            return self._park(exc)
+            return self._park(str(exc), f"fix:{self.step}:{self.c.epoch}", "fixable")
+        except WaitForInput as wait:
+            return self._park(wait.question, wait.tool_call_id, "ask_user")
         except StepError as exc:
             return self._fail(exc)
         faults.point("after_tools", self.run_id)
@@ -101,7 +103,8 @@ class StepRunner:
         self.log.info("running", phase=run.phase)
         self.emit(f"s{self.step}:start", "step_started", {})
         self.boundary()
-        ctx = AgentContext(self.run_id, run.query, run.kind, self.step, self.history)
+        replies = [{"question": i.question, "reply": i.reply} for i in inputs.for_run(self.run_id) if i.reply]
+        ctx = AgentContext(self.run_id, run.query, run.kind, self.step, self.history, replies)
         decision = self._with_retries("model", lambda: self.model.decide(ctx))
         faults.point("after_model_call", self.run_id)
         self.usage = Usage(self.usage.prompt_tokens + decision.prompt_tokens,
@@ -120,7 +123,9 @@ class StepRunner:
         for call in decision.tool_calls:
             self.boundary()
             self.emit(f"tool:{call.id}:start", "tool_started", {"id": call.id, "name": call.name, "args": call.args})
-            results[call.id] = self._with_retries(f"tool {call.name}", lambda c=call: run_tool(self.c, c.name, c.args))
+            tool = ToolContext(self.c, call.id, self.step)
+            results[call.id] = self._with_retries(f"tool {call.name}",
+                                                  lambda c=call, t=tool: run_tool(t, c.name, c.args))
             self.emit(f"tool:{call.id}:result", "tool_result", {"id": call.id, "name": call.name,
                                                                  "result": results[call.id]})
         return results
@@ -163,10 +168,13 @@ class StepRunner:
         faults.point("after_terminal_write", self.run_id)
         return Outcome("done")
 
-    def _park(self, exc: FixableError) -> Outcome:
-        runs.park(self.c, str(exc), self.usage, self.last_event_id)
-        self.emit(f"s{self.step}:waiting", "run_waiting", {"reason": str(exc)})
-        self.log.warning("run_waiting", reason=str(exc))
+    def _park(self, question: str, input_id: str, kind: str) -> Outcome:
+        """Wait for a person: the question is recorded (once), the run parks, the lease is released."""
+        if kind == "fixable":
+            inputs.ask(self.c, input_id, self.step, question, kind="fixable")
+        self.emit(f"wait:{input_id}", "run_waiting", {"question": question, "input_id": input_id, "kind": kind})
+        runs.park(self.c, question, self.usage, self.last_event_id)
+        self.log.info("run_waiting", kind=kind, input_id=input_id)
         return Outcome("waiting")
 
     def _fail(self, exc: StepError) -> Outcome:

@@ -148,5 +148,5 @@ def test_dead_letter_keeps_attempts(store):
     assert len(attempts) == 2
     row = runs.get_run(run.run_id)
     assert (row.state, row.error_class) == ("dead", "dead")
-    assert hold(run.run_id)["state"] == "settled"
+    assert hold(run.run_id)["state"] == "held", "kept for a replay; the sweeper settles it if none comes"
     assert "dead_lettered" in [e.kind for e in ledger.history(run.run_id)]

@@ -43,6 +43,7 @@ class AgentContext:
     kind: str
     step: int
     history: list[dict[str, Any]]
+    replies: list[dict[str, Any]] = field(default_factory=list)  # a person's answers: question, reply
 
 
 class Model(Protocol):

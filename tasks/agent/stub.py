@@ -1,8 +1,9 @@
 """The deterministic stub model: fixed latency and token usage per step, a fixed four-step plan.
 
 planner -> item_search -> compare (adds to cart when the user asks to buy) -> shopping_summary.
-Test markers in the query drive failure paths: "[transient:N]" fails the first N calls of a step,
-"[terminal]" fails at step 1, "[poison]" kills its own process at step 1.
+Test markers in the query drive the other paths: "[transient:N]" fails the first N calls of a step,
+"[terminal]" fails at step 1, "[poison]" kills its own process at step 1, "[ask]" asks the person at
+step 1, "[fixable]" asks for an unknown item at step 1 until a person replied.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:20]}"
 
 
-def _results(ctx: AgentContext, step: int) -> list[Any]:
-    return list(ctx.history[step]["results"].values())
+def _result(ctx: AgentContext, step: int, tool: str) -> Any:
+    """The result of the named tool's call in an earlier step, or None."""
+    h = ctx.history[step]
+    return next((h["results"][c["id"]] for c in h["tool_calls"] if c["name"] == tool), None)
 
 
 class StubModel:
@@ -58,22 +61,28 @@ class StubModel:
             return Decision(name, f"Plan: search the catalog for '{ctx.query}', compare, then summarise.",
                             [ToolCall(_call_id(), "item_search", {"query": ctx.query, "limit": 5})], **usage)
         if ctx.step == 1:
-            found = _results(ctx, 0)[0]
+            found = _result(ctx, 0, "item_search")
             ids = [i["id"] for i in found[:3]]
-            return Decision(name, f"Found {len(found)} candidates; comparing the top {len(ids)}.",
-                            [ToolCall(_call_id(), "compare", {"item_ids": ids})], **usage)
+            calls = [ToolCall(_call_id(), "compare", {"item_ids": ids})]
+            if "[ask]" in ctx.query:
+                calls.insert(0, ToolCall(_call_id(), "ask_user", {"question": "Any preferred brand?"}))
+            if "[fixable]" in ctx.query and not ctx.replies:
+                calls = [ToolCall(_call_id(), "add_to_cart", {"items": [{"id": "sku-999"}]})]
+            return Decision(name, f"Found {len(found)} candidates; comparing the top {len(ids)}.", calls, **usage)
         if ctx.step == 2:
-            best = _results(ctx, 1)[0]["best"]
+            best = _result(ctx, 1, "compare")["best"]
             calls = []
             if wants_cart(ctx.query):
                 calls = [ToolCall(_call_id(), "add_to_cart", {"items": [{"id": best["id"], "qty": 1}]})]
             return Decision(name, f"{best['name']} is the best value.", calls, **usage)
-        best = _results(ctx, 1)[0]["best"]
-        carted = ctx.history[2]["results"]
+        best = _result(ctx, 1, "compare")["best"]
+        card = _result(ctx, 2, "add_to_cart")
+        asked = _result(ctx, 1, "ask_user")
         answer = f"I recommend the {best['name']} at ${best['price_cents'] / 100:.2f} (rated {best['rating']})."
-        if carted:
-            card = next(iter(carted.values()))
+        if card:
             answer += f" It is in your cart for confirmation (card {card['card_id']})."
+        if asked:
+            answer += f" You told me: {asked['reply']!r}."
         return Decision(name, answer, [], final=True, answer=answer, **usage)
 
     def _misbehave(self, ctx: AgentContext) -> None:

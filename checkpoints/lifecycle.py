@@ -1,0 +1,112 @@
+"""Transitions people ask for: cancel a run, replay a dead letter. Each is one transaction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from checkpoints import billing, ledger
+from checkpoints.db import in_txn, transaction
+from checkpoints.runs import now_ms
+from checkpoints.schema import TERMINAL_STATES, dead_letters, run_checkpoints
+from fenced.errors import InvalidRequest, RunNotFound
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    run_id: str
+    previous_state: str
+    epoch: int  # the canceller's epoch: any holder with a lower one is fenced out
+    credits_charged: int | None
+    noop: bool
+
+
+def cancel(run_id: str, by: str) -> Cancelled:
+    """Cancel a queued, running or waiting run: a claim of its own (epoch + 1), the terminal state and
+    the settlement of what was used, in one transaction. A running holder is fenced out on its next
+    write, so no card or event of it lands after the cancel. A finished run is a no-op."""
+    return in_txn(_cancel_txn, run_id, by)
+
+
+def _cancel_txn(conn: Connection, run_id: str, by: str) -> Cancelled:
+    row = conn.execute(sa.select(run_checkpoints).where(run_checkpoints.c.run_id == run_id)
+                       .with_for_update()).mappings().first()
+    if row is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    if row["state"] in TERMINAL_STATES:
+        return Cancelled(run_id, row["state"], row["epoch"], None, noop=True)
+    now = now_ms()
+    epoch = row["epoch"] + 1
+    conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
+                                                run_checkpoints.c.epoch == row["epoch"])
+                 .values(epoch=epoch, state="cancelled", owner=None, error_class="cancelled",
+                         error=f"cancelled by {by}", updated_at_ms=now, finished_at_ms=now))
+    charge = billing.settle_txn(conn, run_id, epoch, by, row["prompt_tokens"], row["completion_tokens"], now)
+    ledger.record_txn(conn, run_id, epoch, by, "cancelled",
+                      f"cancelled while {row['state']} at step {row['step']}; the holder (if any) is fenced out",
+                      {"previous_owner": row["owner"], "charge": charge})
+    return Cancelled(run_id, row["state"], epoch, charge, noop=False)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    run_id: str
+    step: int
+    reason: str
+    attempts: list[dict[str, Any]]
+    observations: dict[str, Any]
+    at_ms: int
+    replays: int
+    replayed_at_ms: int | None
+    replayed_by: str | None
+
+
+def _dead_letter(row: Any) -> DeadLetter:
+    return DeadLetter(row["run_id"], row["step"], row["reason"], json.loads(row["attempts"]),
+                      json.loads(row["observations"] or "{}"), row["at_ms"], row["replays"],
+                      row["replayed_at_ms"], row["replayed_by"])
+
+
+def dead_letters_list(limit: int = 100) -> list[DeadLetter]:
+    with transaction(readonly=True) as conn:
+        rows = conn.execute(sa.select(dead_letters).order_by(dead_letters.c.at_ms.desc()).limit(limit)).mappings()
+        return [_dead_letter(r) for r in rows.all()]
+
+
+def dead_letter(run_id: str) -> DeadLetter:
+    with transaction(readonly=True) as conn:
+        row = conn.execute(sa.select(dead_letters).where(dead_letters.c.run_id == run_id)).mappings().first()
+    if row is None:
+        raise InvalidRequest(f"run {run_id} is not in the dead letters")
+    return _dead_letter(row)
+
+
+def replay(run_id: str, by: str) -> int:
+    """Put a dead run back in the queue from its last checkpoint, with a fresh delivery budget.
+
+    Returns the step to wake; the caller sends the wake-up (the sweeper covers a lost send)."""
+    return in_txn(_replay_txn, run_id, by)
+
+
+def _replay_txn(conn: Connection, run_id: str, by: str) -> int:
+    row = conn.execute(sa.select(run_checkpoints.c.state, run_checkpoints.c.step, run_checkpoints.c.epoch,
+                                 run_checkpoints.c.phase)
+                       .where(run_checkpoints.c.run_id == run_id).with_for_update()).first()
+    if row is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    if row.state != "dead":
+        raise InvalidRequest(f"run {run_id} is {row.state}; only dead runs can be replayed")
+    now = now_ms()
+    conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id, run_checkpoints.c.state == "dead")
+                 .values(state="queued", deliveries=0, owner=None, error_class=None, error=None, finished_at_ms=None,
+                         updated_at_ms=now))
+    conn.execute(dead_letters.update().where(dead_letters.c.run_id == run_id)
+                 .values(replayed_at_ms=now, replayed_by=by, replays=dead_letters.c.replays + 1))
+    ledger.record_txn(conn, run_id, row.epoch, by, "replayed",
+                      f"dead letter replayed by {by}: resumes step {row.step} from checkpoint phase '{row.phase}' "
+                      "with a fresh delivery budget")
+    return int(row.step)

@@ -1,0 +1,135 @@
+"""`fenced` commands for a run's lifecycle: cards and confirm, reply, cancel, and the dead letters."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from fenced.cli import JsonOpt, RunArg, _clock, app, emit_json, fail, out, resolve_run
+
+dlq = typer.Typer(help="Dead-lettered runs: list, show, replay.", no_args_is_help=True)
+app.add_typer(dlq, name="dlq")
+UserOpt = Annotated[str, typer.Option("--user", "-u", help="Who is acting (recorded in the ledger).")]
+
+
+@app.command()
+def cards(run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """The cart confirmation cards a run offered."""
+    from checkpoints.effects import cards_for
+
+    run = resolve_run(run_id)
+    found = cards_for(run.run_id)
+    if as_json:
+        emit_json([asdict(c) for c in found])
+        return
+    table = Table("card", "state", "items", "total", "expires")
+    for c in found:
+        table.add_row(c.card_id, c.state, ", ".join(f"{i['qty']} x {i['name']}" for i in c.items),
+                      f"${c.total_cents / 100:.2f}", _clock(c.expires_at_ms))
+    out.print(table if found else "no cards")
+
+
+@app.command()
+def confirm(card_id: Annotated[str, typer.Argument(help="A card id (card_...).")],
+            user: Annotated[str, typer.Option("--user", "-u", help="The card's owner.")] = "cli",
+            as_json: JsonOpt = False) -> None:
+    """Confirm a card: places one order (a second confirm prints the same order number)."""
+    from checkpoints.effects import confirm_card
+    from fenced.errors import InvalidRequest
+
+    try:
+        order = confirm_card(card_id, user)
+    except InvalidRequest as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json(asdict(order))
+    else:
+        typer.echo(order.order_id)
+
+
+@app.command()
+def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer.")],
+          user: UserOpt = "cli", as_json: JsonOpt = False) -> None:
+    """Answer the question a waiting run asked; the run is queued and woken."""
+    from fenced.errors import InvalidRequest
+    from tasks.control import reply_to_run
+
+    run = resolve_run(run_id)
+    try:
+        answered = reply_to_run(run.run_id, text, user)
+    except InvalidRequest as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json(asdict(answered))
+    else:
+        typer.echo(f"replied to {answered.kind} {answered.tool_call_id!r}: {answered.question}")
+
+
+@app.command()
+def cancel(run_id: RunArg, user: UserOpt = "cli", as_json: JsonOpt = False) -> None:
+    """Cancel a run: it ends `cancelled`, what was used is settled, nothing of it lands afterwards."""
+    from tasks.control import cancel_run
+
+    run = resolve_run(run_id)
+    result = cancel_run(run.run_id, user)
+    if as_json:
+        emit_json(asdict(result))
+    elif result.noop:
+        typer.echo(f"run {run.run_id} is already {result.previous_state}: nothing to cancel")
+    else:
+        typer.echo(f"cancelled run {run.run_id} (was {result.previous_state}; charged {result.credits_charged})")
+
+
+@dlq.command("list")
+def dlq_list(as_json: JsonOpt = False, limit: Annotated[int, typer.Option(min=1)] = 50) -> None:
+    """Dead-lettered runs, newest first."""
+    from checkpoints.lifecycle import dead_letters_list
+
+    found = dead_letters_list(limit)
+    if as_json:
+        emit_json([asdict(d) for d in found])
+        return
+    table = Table("run", "step", "attempts", "reason", "at", "replays")
+    for d in found:
+        table.add_row(d.run_id, str(d.step), str(len(d.attempts)), d.reason, _clock(d.at_ms), str(d.replays))
+    out.print(table if found else "no dead letters")
+
+
+@dlq.command("show")
+def dlq_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """A dead letter: its reason, every attempt with its error, the last worker's observations."""
+    from checkpoints.lifecycle import dead_letter
+    from fenced.errors import InvalidRequest
+
+    run = resolve_run(run_id)
+    try:
+        d = dead_letter(run.run_id)
+    except InvalidRequest as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json(asdict(d))
+        return
+    out.print(f"run {d.run_id}: dead at step {d.step}: {d.reason}  (replayed {d.replays} times)")
+    table = Table("epoch", "step", "worker", "started", "outcome", "error")
+    for a in d.attempts:
+        table.add_row(str(a["epoch"]), str(a["step"]), a["worker"], _clock(int(a["started_at_ms"])),
+                      a["outcome"] or "died (no outcome)", a["error"] or "")
+    out.print(table)
+    out.print(f"observations: {d.observations}")
+
+
+@dlq.command("replay")
+def dlq_replay(run_id: RunArg, user: UserOpt = "cli") -> None:
+    """Replay a dead run from its last checkpoint with a fresh delivery budget."""
+    from fenced.errors import InvalidRequest
+    from tasks.control import replay_dead_letter
+
+    run = resolve_run(run_id)
+    try:
+        step = replay_dead_letter(run.run_id, user)
+    except InvalidRequest as exc:
+        fail(str(exc))
+    typer.echo(f"replaying run {run.run_id} from step {step}")
