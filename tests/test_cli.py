@@ -121,3 +121,30 @@ def test_submit_then_status_runs_events_ledger(sqlite_store: Path, redis_client:
     assert [(e["type"], e["epoch"]) for e in events] == [("run_queued", 0)]
     ledger = json.loads(runner.invoke(app, ["ledger", run_id, "--json"]).stdout)
     assert [(e["kind"], e["actor"]) for e in ledger] == [("submitted", "api")]
+
+
+def test_lifecycle_commands_refuse_bad_input_clearly(sqlite_store: Path, redis_client: object) -> None:
+    from tasks import submit_run
+
+    run_id = submit_run("u1", "buy a lamp")  # queued: no worker runs here
+    for args, message in ((["confirm", "card_nope", "--user", "u1"], "no cart card"),
+                          (["reply", run_id, "hello"], "not waiting"),
+                          (["dlq", "show", run_id], "not in the dead letters"),
+                          (["dlq", "replay", run_id], "only dead runs")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.stderr, (args, result.stderr)
+    assert runner.invoke(app, ["cards", run_id]).stdout.strip() == "no cards"
+    assert json.loads(runner.invoke(app, ["dlq", "list", "--json"]).stdout) == []
+
+
+def test_cancel_then_cancel_again_is_a_clear_noop(sqlite_store: Path, redis_client: object) -> None:
+    from tasks import submit_run
+
+    run_id = submit_run("u1", "buy a lamp")
+    first = runner.invoke(app, ["cancel", run_id, "--json"])
+    assert first.exit_code == 0 and json.loads(first.stdout)["previous_state"] == "queued"
+    second = runner.invoke(app, ["cancel", run_id])
+    assert second.exit_code == 0 and "already cancelled: nothing to cancel" in second.stdout
+    status = json.loads(runner.invoke(app, ["status", run_id, "--json"]).stdout)
+    assert status["state"] == "cancelled"
