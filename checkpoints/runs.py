@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from checkpoints import billing, codec, ledger
-from checkpoints.db import in_txn, transaction
+from checkpoints.db import db_retry, in_txn, transaction
 from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_steps
 from fenced.errors import FencedOut, InvalidRequest
 
@@ -101,7 +101,9 @@ def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query
     return credits
 
 
+@db_retry
 def get_run(run_id: str) -> Run | None:
+    """The run row, retried through a database restart (a delivery must not lose its wake-up to one)."""
     with transaction(readonly=True) as conn:
         row = conn.execute(sa.select(run_checkpoints).where(run_checkpoints.c.run_id == run_id)).mappings().first()
     return Run.from_row(row) if row else None
