@@ -1,15 +1,32 @@
-"""Billing holds: written with the run, settled once in the terminal transaction, released on expiry."""
+"""Billing holds: written with the run, settled once in the terminal transaction, released on expiry.
+
+Each hold is mirrored in the user's account (checkpoints.accounts): `held` grows at submit, and the
+one conditional update that closes the hold (`state = 'held'` -> settled/released) is the only thing
+that lets the account change again, so a balance moves once per run.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from checkpoints import ledger
+from checkpoints import accounts, ledger
 from checkpoints.schema import run_checkpoints, run_holds
 from fenced.settings import get_settings
+
+_h = run_holds.c
+_r = run_checkpoints.c
+
+
+class Closed(NamedTuple):
+    """A hold the sweeper closed: `outcome` is "released" (never run) or "settled" (dead, never replayed)."""
+
+    run_id: str
+    user_id: str
+    outcome: str
 
 
 def hold_credits(kind: str) -> int:
@@ -24,7 +41,12 @@ def credits_for(prompt_tokens: int, completion_tokens: int, held: int) -> int:
 
 
 def create_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, now_ms: int) -> int:
+    """Hold the run's credits on the user's account and record the hold; returns the credits held.
+
+    Raises InsufficientCredits when the available credits do not cover it (the caller's transaction,
+    which also inserts the run row, rolls back: nothing written)."""
     credits = hold_credits(kind)
+    accounts.hold_txn(conn, user_id, credits, now_ms)
     conn.execute(run_holds.insert().values(
         run_id=run_id, user_id=user_id, credits_held=credits, state="held", credits_charged=None,
         created_at_ms=now_ms, expires_at_ms=now_ms + get_settings().hold_expiry_s * 1000,
@@ -33,45 +55,101 @@ def create_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, now_
 
 
 def settle_txn(conn: Connection, run_id: str, epoch: int, actor: str, prompt_tokens: int,
-               completion_tokens: int, now_ms: int) -> int | None:
-    """Settle the hold if it is still held (one conditional update); returns the charge, or None."""
-    held = conn.execute(sa.select(run_holds.c.credits_held).where(run_holds.c.run_id == run_id)).scalar()
-    if held is None:
+               completion_tokens: int, now_ms: int, why: str = "") -> int | None:
+    """Settle the hold if it is still held (one conditional update); returns the charge, or None.
+
+    `why` prefixes the ledger's reason when the settlement is not the run's own terminal write."""
+    hold = conn.execute(sa.select(_h.credits_held, _h.user_id).where(_h.run_id == run_id)).first()
+    if hold is None:
         return None
+    held = int(hold.credits_held)
     charge = credits_for(prompt_tokens, completion_tokens, held)
     done = conn.execute(run_holds.update()
-                        .where(run_holds.c.run_id == run_id, run_holds.c.state == "held")
+                        .where(_h.run_id == run_id, _h.state == "held")
                         .values(state="settled", credits_charged=charge, closed_at_ms=now_ms)).rowcount
     if not done:
         ledger.record_txn(conn, run_id, epoch, actor, "settle_skipped", "hold was no longer held")
         return None
-    ledger.record_txn(conn, run_id, epoch, actor, "settled",
-                      f"charged {charge} of {held} held credits for {prompt_tokens + completion_tokens} tokens",
+    _account_txn(conn, run_id, epoch, actor, hold.user_id, held, charge, now_ms)
+    reason = f"charged {charge} of {held} held credits for {prompt_tokens + completion_tokens} tokens"
+    ledger.record_txn(conn, run_id, epoch, actor, "settled", f"{why}: {reason}" if why else reason,
                       {"charge": charge, "held": held, "prompt_tokens": prompt_tokens,
                        "completion_tokens": completion_tokens})
     return charge
 
 
+def release_txn(conn: Connection, run_id: str, epoch: int, actor: str, reason: str, now_ms: int) -> bool:
+    """Release the hold without a charge if it is still held (cancel, expiry); True if this call did."""
+    hold = conn.execute(sa.select(_h.credits_held, _h.user_id).where(_h.run_id == run_id)).first()
+    if hold is None:
+        return False
+    done = conn.execute(run_holds.update().where(_h.run_id == run_id, _h.state == "held")
+                        .values(state="released", credits_charged=0, closed_at_ms=now_ms)).rowcount
+    if not done:
+        return False
+    _account_txn(conn, run_id, epoch, actor, hold.user_id, int(hold.credits_held), 0, now_ms)
+    ledger.record_txn(conn, run_id, epoch, actor, "hold_released", reason, {"held": int(hold.credits_held)})
+    return True
+
+
+def _account_txn(conn: Connection, run_id: str, epoch: int, actor: str, user_id: str, held: int, charge: int,
+                 now_ms: int) -> None:
+    """Move the closed hold out of the user's account; a mismatch is recorded, never forced negative."""
+    if not accounts.charge_txn(conn, user_id, held, charge, now_ms):
+        ledger.record_txn(conn, run_id, epoch, actor, "account_mismatch",
+                          f"account of {user_id!r} does not carry this hold of {held} credits; left unchanged",
+                          {"held": held, "charge": charge})
+
+
 def expire_holds_txn(conn: Connection, now_ms: int, actor: str, limit: int = 100) -> list[str]:
-    """Release holds past expiry whose run was never claimed; such a run fails as expired."""
+    """Close holds nobody else will (see close_stale_holds_txn); returns their run ids."""
+    return [c.run_id for c in close_stale_holds_txn(conn, now_ms, actor, limit)]
+
+
+def close_stale_holds_txn(conn: Connection, now_ms: int, actor: str, limit: int = 100) -> list[Closed]:
+    """Release holds past expiry whose run was never claimed (such a run fails as expired), and settle
+    what was used on holds of runs dead for longer than the hold expiry (a replay never came)."""
+    return _expire_unclaimed_txn(conn, now_ms, actor, limit) + _settle_dead_txn(conn, now_ms, actor, limit)
+
+
+def _expire_unclaimed_txn(conn: Connection, now_ms: int, actor: str, limit: int) -> list[Closed]:
     rows = conn.execute(
-        sa.select(run_holds.c.run_id)
-        .join(run_checkpoints, run_checkpoints.c.run_id == run_holds.c.run_id)
-        .where(run_holds.c.state == "held", run_holds.c.expires_at_ms <= now_ms,
-               run_checkpoints.c.state == "queued", run_checkpoints.c.epoch == 0)
+        sa.select(_h.run_id, _h.user_id)
+        .join(run_checkpoints, _r.run_id == _h.run_id)
+        .where(_h.state == "held", _h.expires_at_ms <= now_ms, _r.state == "queued", _r.epoch == 0)
         .limit(limit)
-    ).scalars().all()
-    expired = []
-    for run_id in rows:
+    ).all()
+    closed = []
+    for run_id, user_id in rows:
         claimed = conn.execute(run_checkpoints.update().where(
-            run_checkpoints.c.run_id == run_id, run_checkpoints.c.epoch == 0,
-            run_checkpoints.c.state == "queued",
+            _r.run_id == run_id, _r.epoch == 0, _r.state == "queued",
         ).values(state="failed", error_class="expired", error="no worker picked the run up before its hold expired",
                  updated_at_ms=now_ms, finished_at_ms=now_ms)).rowcount
         if not claimed:
             continue
-        conn.execute(run_holds.update().where(run_holds.c.run_id == run_id, run_holds.c.state == "held")
-                     .values(state="released", credits_charged=0, closed_at_ms=now_ms))
-        ledger.record_txn(conn, run_id, 0, actor, "hold_released", "hold expired before any worker ran the run")
-        expired.append(run_id)
-    return expired
+        release_txn(conn, run_id, 0, actor, "hold expired before any worker ran the run", now_ms)
+        closed.append(Closed(run_id, user_id, "released"))
+    return closed
+
+
+def _settle_dead_txn(conn: Connection, now_ms: int, actor: str, limit: int) -> list[Closed]:
+    dead_before = now_ms - get_settings().hold_expiry_s * 1000
+    rows = conn.execute(
+        sa.select(_h.run_id)
+        .join(run_checkpoints, _r.run_id == _h.run_id)
+        .where(_h.state == "held", _r.state == "dead", _r.finished_at_ms <= dead_before)
+        .limit(limit)
+    ).scalars().all()
+    closed = []
+    for run_id in rows:
+        # Locked and read again: a replay that revives the run in between must win, not be settled.
+        run = conn.execute(sa.select(_r.user_id, _r.epoch, _r.state, _r.finished_at_ms, _r.prompt_tokens,
+                                     _r.completion_tokens)
+                           .where(_r.run_id == run_id).with_for_update()).first()
+        if run is None or run.state != "dead" or (run.finished_at_ms or now_ms) > dead_before:
+            continue
+        charge = settle_txn(conn, run_id, run.epoch, actor, int(run.prompt_tokens), int(run.completion_tokens),
+                            now_ms, why=f"dead for over {get_settings().hold_expiry_s} s and never replayed")
+        if charge is not None:
+            closed.append(Closed(run_id, run.user_id, "settled"))
+    return closed

@@ -124,7 +124,7 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a run (row + billing hold) and send its first wake-up; prints the run id."""
-    from fenced.errors import InvalidRequest
+    from fenced.errors import AdmissionRefused, InvalidRequest
 
     # Checked here too so that bad input never reaches (or opens) the stores.
     if not query.strip():
@@ -135,7 +135,7 @@ def submit(
 
     try:
         run_id = submit_run(user, query, kind.value)
-    except InvalidRequest as exc:
+    except (InvalidRequest, AdmissionRefused) as exc:
         fail(str(exc))
     if as_json:
         emit_json({"run_id": run_id, "user_id": user, "kind": kind.value, "query": query})
@@ -327,7 +327,8 @@ def demo(
     raise typer.Exit(0 if result.ok else 1)
 
 
-import fenced.cli_lifecycle  # noqa: E402,F401  (registers its commands on `app`)
+import fenced.cli_chaos  # noqa: E402  (these register their commands on `app`)
+import fenced.cli_lifecycle  # noqa: E402,F401
 
 
 def main() -> None:

@@ -19,6 +19,29 @@ class InvalidRequest(FencedError):
     """Bad input from a caller; nothing was written."""
 
 
+class InsufficientCredits(InvalidRequest):
+    """The user's available credits (balance - open holds) cannot cover the run's hold; nothing was written."""
+
+    def __init__(self, user_id: str, needed: int, available: int) -> None:
+        super().__init__(f"user {user_id!r} has {available} credits available; the run needs a hold of {needed}")
+        self.user_id, self.needed, self.available = user_id, needed, available
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
+        return type(self), (self.user_id, self.needed, self.available)
+
+
+class AdmissionRefused(FencedError):
+    """Too many runs wait already (`limit` "global"), the user has too many unfinished runs ("user"), or
+    admission could not be checked ("unavailable"). Nothing was written: retry after `retry_after_s`."""
+
+    def __init__(self, limit: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        self.limit, self.retry_after_s = limit, retry_after_s
+
+    def __reduce__(self) -> tuple[type, tuple[str, float, str]]:
+        return type(self), (self.limit, self.retry_after_s, str(self))
+
+
 class StepError(FencedError):
     """Base of errors a model call or a tool raises, by failure class."""
 

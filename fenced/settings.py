@@ -49,11 +49,12 @@ class Settings(BaseSettings):
     max_runs_per_user: int = Field(10, gt=0, description="Concurrent (admitted, unfinished) runs per user")
     admission_ttl_s: int = Field(3_600, gt=0, description="An admission slot nobody released is freed after this")
     default_balance_credits: int = Field(1_000, ge=0, description="Starting balance of a user never seen before")
-    large_promote_every_ms: int = Field(2_000, gt=0, description="Move the oldest large run ahead this often")
+    large_promote_every_ms: int = Field(500, gt=0, description="Move the oldest large run ahead this often")
 
     # The demo agent's stub model.
     stub_step_ms: int = Field(300, ge=0, description="Simulated model latency per step")
     stub_tokens: int = Field(800, ge=0, description="Tokens per stub model call (normal runs; large x3)")
+    stub_tool_ms: int = Field(0, ge=0, description="Simulated latency of each demo tool call")
     model: str = Field("stub", description="'stub' or 'openai' (an OpenAI-compatible endpoint)")
     openai_base_url: str = Field("http://127.0.0.1:8000/v1")
     openai_api_key: str = Field("")

@@ -10,6 +10,11 @@ DEAD_LETTERS = f"{PREFIX}:dead-letters"  # STREAM of dead-lettered runs, capped
 SWEEPER_LOCK = f"{PREFIX}:sweeper-lock"  # one sweeper per interval across workers
 FAULTS = f"{PREFIX}:{{faults}}:armed"  # HASH point -> remaining hits (tests and chaos only)
 FAULT_HITS = f"{PREFIX}:{{faults}}:hits"  # LIST of "point run_id pid" as points fire (tests and chaos only)
+PROMOTER_LOCK = f"{PREFIX}:promoter-lock"  # one large-run promotion per interval across workers
+
+# Admission: every key shares the {admission} hash tag, so admit.lua touches one slot.
+ADMISSION_TAG = "{admission}"
+ADMITTED_UNSENT = f"{PREFIX}:{ADMISSION_TAG}:unsent"  # ZSET run_id -> admit ms; removed right after the send
 
 
 def lease(run_id: str) -> str:
@@ -26,3 +31,18 @@ def events(run_id: str) -> str:
 
 def rescue(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:rescue"
+
+
+def user_slots(user_id: str) -> str:
+    """ZSET run_id -> admit ms of a user's admitted, unfinished runs (the per-user limit)."""
+    return f"{PREFIX}:{ADMISSION_TAG}:user:{user_id}"
+
+
+def broker_queue(queue: str) -> str:
+    """The kombu list holding a queue's undelivered messages (kombu LPUSHes, workers BRPOP).
+
+    Priority 0 only: fenced never sets message priorities, so kombu never writes `queue\\x06\\x16N`.
+    admit.lua reads these lists (LLEN) beside the {admission} keys and promote.lua moves between two of
+    them: fine on one Redis; the broker is never a Cluster."""
+    return queue
+

@@ -29,6 +29,8 @@ class Scripts:
         "rescue",
         "pop_expired",
         "fault_hit",
+        "admit",
+        "promote",
     )
 
     def __init__(self, client: redis.Redis) -> None:

@@ -13,7 +13,7 @@ import structlog
 from checkpoints import billing, runs
 from checkpoints.db import in_txn
 from fenced.settings import get_settings
-from fencing import keys
+from fencing import admission, keys
 from fencing.connection import get_redis, process_token
 from fencing.lease import now_ms
 from fencing.reaper import rescue
@@ -40,7 +40,10 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
             reason = f"no lease and no progress for {s.sweeper_grace_ms} ms at step {step}"
             if rescue(run_id, s.sweeper_grace_ms, reason, send):
                 rescued.append(run_id)
-    expired = in_txn(billing.expire_holds_txn, now, process_token())
-    if expired:
-        log.warning("holds_expired", runs=len(expired))
+    closed = in_txn(billing.close_stale_holds_txn, now, process_token())
+    for hold in closed:
+        admission.release_slot(hold.user_id, hold.run_id)
+    if closed:
+        log.warning("holds_closed", released=sum(h.outcome == "released" for h in closed),
+                    settled=sum(h.outcome == "settled" for h in closed))
     return rescued

@@ -1,4 +1,4 @@
-"""The worker bootstep that runs the reaper (every tick) and the sweeper (every interval) on the timer."""
+"""The worker bootstep that runs the reaper (every tick), the sweeper and the large-run promoter on the timer."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ log = structlog.get_logger("tasks.bootsteps")
 
 
 class LivenessStep(bootsteps.StartStopStep):
-    """Reaper and sweeper in every worker's main process: nothing stays stranded."""
+    """Reaper, sweeper and promoter in every worker's main process: nothing stays stranded or starved."""
 
     requires = {"celery.worker.components:Timer"}
 
@@ -26,6 +26,7 @@ class LivenessStep(bootsteps.StartStopStep):
         self.refs = [
             worker.timer.call_repeatedly(s.reaper_tick_ms / 1000, self.reap),
             worker.timer.call_repeatedly(min(s.sweeper_interval_ms, s.sweeper_grace_ms) / 1000, self.sweep),
+            worker.timer.call_repeatedly(s.large_promote_every_ms / 1000, self.promote),
         ]
 
     def stop(self, worker: Any) -> None:
@@ -52,3 +53,14 @@ class LivenessStep(bootsteps.StartStopStep):
             sweep(send_rescue)
         except Exception as exc:
             log.warning("sweeper_tick_failed", error=repr(exc))
+
+    @staticmethod
+    def promote() -> None:
+        from fencing.fairness import promote_large
+        from tasks import queues
+
+        try:
+            # One worker per interval (a SET NX PX lock inside), so the pace does not grow with the pool.
+            promote_large(queues.LARGE, queues.NORMAL, get_settings().large_promote_every_ms)
+        except Exception as exc:
+            log.warning("promoter_tick_failed", error=repr(exc))

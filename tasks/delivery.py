@@ -10,7 +10,7 @@ from checkpoints import ledger, runs
 from checkpoints.db import is_transient_db_error
 from fenced.errors import FencedOut, LeaseLost
 from fenced.settings import get_settings
-from fencing import keys
+from fencing import admission, keys
 from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms
@@ -28,6 +28,8 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         log.warning("unknown_run", run_id=run_id)
         return "unknown"
     if run.terminal or run.state == "waiting":
+        if run.terminal:  # its holder may have died between the terminal write and the release
+            admission.release_slot(run.user_id, run_id)
         log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
         return "skipped"
     if step is not None and step != run.step:

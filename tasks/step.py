@@ -18,7 +18,7 @@ from checkpoints.runs import Claim, Usage
 from fenced import faults
 from fenced.errors import FixableError, LeaseLost, StepError, TerminalError, TransientError, WaitForInput
 from fenced.settings import get_settings
-from fencing import events, keys
+from fencing import admission, events, keys
 from fencing.connection import get_redis
 from fencing.lease import Lease
 from tasks.agent import get_model
@@ -163,6 +163,7 @@ class StepRunner:
     def _finish(self, decision: Decision) -> Outcome:
         charge = runs.finish(self.c, "done", {"history": self.history}, self.usage, self.last_event_id,
                              answer=decision.answer)
+        admission.release_slot(self.c.run.user_id, self.run_id)
         self.emit("run:done", "run_done", {"answer": decision.answer, "credits_charged": charge})
         self.log.info("run_done", credits=charge)
         faults.point("after_terminal_write", self.run_id)
@@ -181,6 +182,7 @@ class StepRunner:
         error_class = exc.failure_class
         charge = runs.finish(self.c, "failed", {"history": self.history}, self.usage, self.last_event_id,
                              error_class=error_class, error=str(exc))
+        admission.release_slot(self.c.run.user_id, self.run_id)
         self.emit("run:failed", "run_failed", {"error_class": error_class, "error": str(exc),
                                                "credits_charged": charge})
         self.log.warning("run_failed", error_class=error_class, error=str(exc))
@@ -195,6 +197,7 @@ class StepRunner:
 def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> None:
     """Dead-letter the run in the database, then add it to the capped dead-letter stream."""
     attempts = runs.dead_letter(c, reason, observations)
+    admission.release_slot(c.run.user_id, c.run.run_id)
     s = get_settings()
     get_redis().xadd(keys.DEAD_LETTERS, {"run_id": c.run.run_id, "step": str(c.run.step), "reason": reason,
                                          "attempts": str(len(attempts)), "at_ms": str(int(time.time() * 1000))},

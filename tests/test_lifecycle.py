@@ -59,7 +59,7 @@ def test_someone_elses_or_an_expired_card_is_refused(workers):
         effects.confirm_card(card.card_id, "mallory")
     wait_for(lambda: time.time() * 1000 > card.expires_at_ms, 5, "the card to expire")
     cli = _confirm_cli(card.card_id, "alice")
-    out, err = cli.communicate(timeout=30)
+    _out, err = cli.communicate(timeout=30)
     assert cli.returncode == 2 and "expired" in err, err
     assert _order_count(card.card_id) == 0
 
@@ -170,7 +170,7 @@ def test_a_step_that_overruns_the_drain_is_taken_over(workers):
     workers.start("b", FENCED_STUB_STEP_MS="200")
     a.kill(signal.SIGTERM)
     a.proc.wait(15)
-    [run] = wait_terminal([run_id], timeout=40)
+    wait_terminal([run_id], timeout=40)
     v = check_run(run_id)
     assert v.ok, v.failures
     assert v.takeovers == 1

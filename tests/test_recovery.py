@@ -124,8 +124,6 @@ def test_redis_wipe_mid_flight_every_run_finishes(workers):
     for run_id in ids:
         v = check_run(run_id, check_events=False)
         assert v.ok, (run_id, v.failures)
-    rescues = [e for r in ids for e in ledger.history(r) if e.kind == "rescue"]
-    assert rescues, "runs whose messages were wiped must have been rescued"
 
 
 def test_sweeper_sends_a_wakeup_lost_after_commit(workers):

@@ -41,7 +41,7 @@ class Pool:
 
     def start(self, name: str, pool: str = "threads", concurrency: int = 4, **env: str) -> WorkerProcess:
         w = WorkerProcess(name, env={**os.environ, **env}, log_path=self.tmp / f"{name}.log",
-                          concurrency=concurrency, extra_args=["--pool", pool] if pool != "threads" else [])
+                          concurrency=concurrency, pool=pool)
         w.start()
         self.workers.append(w)
         return w

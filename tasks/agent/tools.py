@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from checkpoints import inputs
 from checkpoints.effects import create_cart_card
 from checkpoints.runs import Claim
 from fenced.errors import FixableError, TerminalError, WaitForInput
+from fenced.settings import get_settings
 from tasks.agent import catalog
 
 
@@ -79,4 +81,7 @@ def run_tool(ctx: ToolContext, name: str, args: dict[str, Any]) -> Any:
     tool = TOOLS.get(name)
     if tool is None:
         raise TerminalError(f"the model asked for an unknown tool {name!r}")
+    delay_ms = get_settings().stub_tool_ms
+    if delay_ms:
+        time.sleep(delay_ms / 1000)  # the demo's tools answer at once; real ones take time
     return tool.fn(ctx, args)

@@ -1,0 +1,184 @@
+"""The chaos harness: a cluster of worker nodes on the configured stores, and the run-judging helpers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from chaos.nodes import WorkerNode
+from chaos.report import ScenarioResult
+from checkpoints import billing, runs
+from checkpoints.db import transaction
+from checkpoints.schema import TERMINAL_STATES, run_checkpoints
+from fenced.verdict import check_run
+from fenced.workers import REPO_ROOT
+from fencing import keys
+from fencing.connection import get_redis
+
+QUERIES = ("buy headphones", "buy running shoes", "buy a backpack", "buy a desk lamp", "buy a keyboard",
+           "buy a blender", "buy an umbrella", "buy a monitor")
+
+
+@dataclass
+class ChaosConfig:
+    """Knobs of a chaos run; the worker env derives from them."""
+
+    lease_ms: int = 2_000
+    step_ms: int = 400
+    tool_ms: int = 300
+    concurrency: int = 4
+    log_dir: Path = field(default_factory=lambda: REPO_ROOT / ".fenced" / "chaos")
+    cwd: Path = REPO_ROOT  # the mutation check runs workers from a patched copy
+    finish_timeout_s: float = 0.0  # 0: derived from the lease
+
+    def worker_env(self, **overrides: str) -> dict[str, str]:
+        heartbeat = max(100, self.lease_ms // 4)
+        env = {
+            "FENCED_LEASE_TTL_MS": str(self.lease_ms),
+            "FENCED_HEARTBEAT_MS": str(heartbeat),
+            "FENCED_REAPER_TICK_MS": str(min(1000, max(100, self.lease_ms // 8))),
+            "FENCED_SWEEPER_INTERVAL_MS": "1000",
+            "FENCED_SWEEPER_GRACE_MS": str(max(4000, 2 * self.lease_ms)),
+            "FENCED_STUB_STEP_MS": str(self.step_ms),
+            "FENCED_STUB_TOOL_MS": str(self.tool_ms),
+            "FENCED_RETRY_BASE_MS": "50",
+            "FENCED_FAULTS_ENABLED": "1",
+        }
+        return {**os.environ, **env, **overrides}
+
+    @property
+    def timeout_s(self) -> float:
+        return self.finish_timeout_s or 3 * self.lease_ms / 1000 + 60
+
+
+class Cluster:
+    """Worker nodes started for one scenario; `close()` stops whatever is left."""
+
+    def __init__(self, cfg: ChaosConfig) -> None:
+        self.cfg = cfg
+        self.nodes: list[WorkerNode] = []
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, n: int, pool: str = "threads", prefix: str = "w", **env: str) -> list[WorkerNode]:
+        nodes = [WorkerNode(f"{prefix}{len(self.nodes) + i + 1}", self.cfg.worker_env(**env), self.cfg.log_dir,
+                            pool=pool, concurrency=self.cfg.concurrency) for i in range(n)]
+        for node in nodes:
+            node.process.cwd = self.cfg.cwd
+            node.start()
+        self.nodes.extend(nodes)
+        return nodes
+
+    def node_of(self, pid: int) -> WorkerNode | None:
+        return next((n for n in self.nodes if n.owns(pid)), None)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            if node.alive:
+                node.kill(signal.SIGCONT)
+                node.stop()
+
+
+def owner_pid(owner: str | None) -> int | None:
+    """The pid in a lease token `host:pid:nonce/delivery`."""
+    if not owner:
+        return None
+    try:
+        return int(owner.split("/", 1)[0].split(":")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def rows(run_ids: list[str]) -> list[Any]:
+    """state, owner and step of each run (tolerates a database that is restarting)."""
+    try:
+        with transaction(readonly=True) as conn:
+            return list(conn.execute(sa.select(run_checkpoints.c.run_id, run_checkpoints.c.state,
+                                               run_checkpoints.c.owner, run_checkpoints.c.step)
+                                     .where(run_checkpoints.c.run_id.in_(run_ids))).all())
+    except sa.exc.OperationalError:
+        return []
+
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, every_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(every_s)
+    return None
+
+
+def wait_terminal(run_ids: list[str], timeout_s: float) -> bool:
+    def done() -> bool:
+        found = rows(run_ids)
+        return len(found) == len(run_ids) and all(r.state in TERMINAL_STATES for r in found)
+
+    return bool(wait_for(done, timeout_s, every_s=0.2))
+
+
+def last_events(run_ids: list[str]) -> dict[str, tuple[str, int]]:
+    """Each run's newest event: (type, stream-id milliseconds)."""
+    client = get_redis()
+    pipe = client.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.xrevrange(keys.events(run_id), count=1)
+    out = {}
+    for run_id, entries in zip(run_ids, pipe.execute(), strict=True):
+        if entries:
+            stream_id, fields = entries[0]
+            out[run_id] = (fields["type"], int(stream_id.split("-")[0]))
+    return out
+
+
+def resumed_at_ms(run_id: str, after_ms: float) -> int | None:
+    """When the first task_resumed after `after_ms` was appended (Redis clock, same machine)."""
+    entries: list[tuple[str, dict[str, str]]] = get_redis().xrange(  # type: ignore[assignment]
+        keys.events(run_id), min=f"{int(after_ms)}-0")
+    for stream_id, fields in entries:
+        if fields["type"] == "task_resumed":
+            return int(stream_id.split("-")[0])
+    return None
+
+
+def control_charge(submit: Callable[[str, str], str], timeout_s: float) -> int | None:
+    """Credits an unkilled run of the standard query costs (the chaos verdict compares against it)."""
+    run_id = submit("chaos-control", QUERIES[0])
+    if not wait_terminal([run_id], timeout_s):
+        return None
+    return check_run(run_id).credits_charged
+
+
+def judge(result: ScenarioResult, run_ids: list[str], control: int | None, *, check_events: bool = True,
+          expect: str = "done") -> None:
+    """Judge every run against the four conditions (and the control run's charge)."""
+    from fenced.settings import get_settings
+
+    one_call = billing.credits_for(get_settings().stub_tokens, 0, 10**9)
+    result.runs += len(run_ids)
+    for run_id in run_ids:
+        v = check_run(run_id, check_events=check_events)
+        if expect != "done":
+            if v.state != expect:
+                result.fail(run_id, "state", f"{v.state}, expected {expect}")
+            continue
+        for condition, reason in v.failed.items():
+            result.fail(run_id, condition, reason)
+        if control is not None and v.credits_charged is not None and abs(v.credits_charged - control) > one_call:
+            result.fail(run_id, "charged_once", f"charged {v.credits_charged}, control run {control}")
+
+
+def clear_faults() -> None:
+    get_redis().delete(keys.FAULTS, keys.FAULT_HITS)
+
+
+def state(run_id: str) -> str | None:
+    run = runs.get_run(run_id)
+    return run.state if run else None

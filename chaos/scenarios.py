@@ -1,0 +1,247 @@
+"""The chaos scenarios: kill (the acceptance test), zombie, wipe, db-restart, poison, rolling."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from functools import partial
+
+from chaos.harness import (
+    QUERIES,
+    ChaosConfig,
+    Cluster,
+    clear_faults,
+    control_charge,
+    judge,
+    last_events,
+    owner_pid,
+    resumed_at_ms,
+    rows,
+    wait_for,
+    wait_terminal,
+)
+from chaos.nodes import DatabaseNode, RedisNode, WorkerNode
+from chaos.report import ScenarioResult
+from checkpoints import ledger
+from fenced import faults
+from fenced.settings import get_settings
+from fencing import keys
+from fencing.connection import get_redis
+
+# The four kill moments, covered in turn over the rounds. The first two are read from the event
+# stream (the step's newest event); the last two have no duration of their own, so a named fault
+# point holds the worker there and the harness kills it.
+MOMENTS = ("model_call", "tools", "between_checkpoints", "after_terminal_write")
+Progress = Callable[[str], None]
+
+
+def _submit() -> Callable[[str, str], str]:
+    """submit_run with users unique to this chaos run (every user starts with a fresh balance)."""
+    import uuid
+
+    from tasks import submit_run
+
+    nonce = uuid.uuid4().hex[:6]
+    return lambda user, query: submit_run(f"{user}-{nonce}", query)
+
+
+def kill(cfg: ChaosConfig, rounds: int = 30, runs: int = 6, progress: Progress = print) -> ScenarioResult:
+    """SIGKILL the worker holding the most runs at one of four moments, every round; judge every run."""
+    result = ScenarioResult("kill", {"rounds": rounds, "runs": runs, "lease_ms": cfg.lease_ms})
+    cluster = Cluster(cfg)
+    submit = _submit()
+    try:
+        cluster.start(2)
+        control = control_charge(submit, cfg.timeout_s)
+        for rnd in range(rounds):
+            moment = MOMENTS[rnd % len(MOMENTS)]
+            ids = [submit(f"chaos-{rnd}-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
+            victim, kill_ms, held = _kill_at(cluster, ids, moment)
+            if victim is None:
+                result.notes.append(f"round {rnd}: no worker reached {moment}; nothing killed")
+            else:
+                time.sleep(2)  # the killed worker comes back a few seconds later
+                victim.restart()
+            if not wait_terminal(ids, cfg.timeout_s):
+                result.notes.append(f"round {rnd}: not every run ended within {cfg.timeout_s:.0f} s")
+            judge(result, ids, control)
+            for run_id in held if moment != "after_terminal_write" else []:
+                at = resumed_at_ms(run_id, kill_ms)
+                if at is None:
+                    result.fail(run_id, "stream", f"held by the killed worker ({moment}) but no task_resumed")
+                else:
+                    result.latency("whole-worker kill", at - kill_ms)
+            progress(f"kill round {rnd + 1}/{rounds} ({moment}): {len(held)} runs held by the killed worker")
+    finally:
+        clear_faults()
+        cluster.close()
+    return result
+
+
+def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode | None, float, list[str]]:
+    """Wait for `moment` on a run of the busiest worker, SIGKILL its process group; (node, kill ms, held runs)."""
+    client = get_redis()
+    victim: WorkerNode | None = None
+    if moment in ("between_checkpoints", "after_terminal_write"):
+        faults.arm("after_tools" if moment == "between_checkpoints" else "after_terminal_write")
+        hit = client.blpop(keys.FAULT_HITS, timeout=60)
+        clear_faults()
+        if hit:
+            victim = cluster.node_of(int(hit[1].split()[2]))
+    else:
+        wanted = "step_started" if moment == "model_call" else "tool_started"
+
+        def busiest_at_moment() -> WorkerNode | None:
+            live = [r for r in rows(ids) if r.state == "running" and r.owner]
+            by_node: dict[str, list[str]] = {}
+            nodes = {}
+            for r in live:
+                node = cluster.node_of(owner_pid(r.owner) or -1)
+                if node is not None:
+                    by_node.setdefault(node.name, []).append(r.run_id)
+                    nodes[node.name] = node
+            if not by_node:
+                return None
+            name, mine = max(by_node.items(), key=lambda kv: len(kv[1]))
+            newest = last_events(mine)
+            return nodes[name] if any(t == wanted for t, _ in newest.values()) else None
+
+        victim = wait_for(busiest_at_moment, 60, every_s=0.02)
+    if victim is None:
+        return None, 0.0, []
+    held = [r.run_id for r in rows(ids) if r.state == "running" and victim.owns(owner_pid(r.owner) or -1)]
+    kill_ms = time.time() * 1000
+    victim.kill(signal.SIGKILL)
+    return victim, kill_ms, held
+
+
+def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> ScenarioResult:
+    """SIGSTOP the holder past its lease; the new holder finishes; after SIGCONT the old one is refused."""
+    result = ScenarioResult("zombie", {"times": times, "lease_ms": cfg.lease_ms})
+    slow = ChaosConfig(**{**cfg.__dict__, "step_ms": max(cfg.step_ms, 1500)})
+    cluster = Cluster(slow)
+    submit = _submit()
+    try:
+        cluster.start(2)
+        for i in range(times):
+            run_id = submit(f"zombie-{i}", QUERIES[i % len(QUERIES)])
+            holder = wait_for(partial(_holder, cluster, run_id), 30)
+            if holder is None:
+                result.fail(run_id, "zombie", "no worker claimed the run")
+                result.runs += 1
+                continue
+            freeze_ms = time.time() * 1000
+            holder.kill(signal.SIGSTOP)
+            ended = wait_terminal([run_id], slow.timeout_s)
+            holder.kill(signal.SIGCONT)
+            at = resumed_at_ms(run_id, freeze_ms)
+            if at is not None:
+                result.latency("freeze (SIGSTOP)", at - freeze_ms)
+            mine = {e.actor for e in ledger.history(run_id) if e.kind in ("claimed", "takeover")
+                    and holder.owns(owner_pid(e.actor) or -1)}
+            refused = wait_for(partial(_refused, run_id, mine), 15, every_s=0.2)
+            judge(result, [run_id], None)
+            finals = [e for e in ledger.history(run_id) if e.kind == "done"]
+            if not ended or not refused:
+                result.fail(run_id, "zombie", f"ended={ended}, old holder refused={bool(refused)}")
+            if any(e.actor in mine for e in finals):
+                result.fail(run_id, "zombie", "the frozen holder wrote the terminal state")
+            progress(f"zombie {i + 1}/{times}: {'refused' if refused else 'NOT refused'}")
+    finally:
+        cluster.close()
+    return result
+
+
+def _holder(cluster: Cluster, run_id: str) -> WorkerNode | None:
+    return next((cluster.node_of(owner_pid(r.owner) or -1) for r in rows([run_id]) if r.owner), None)
+
+
+def _refused(run_id: str, tokens: set[str]) -> bool:
+    return any(e.kind == "fence_rejected" and e.actor in tokens for e in ledger.history(run_id))
+
+
+def wipe(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> ScenarioResult:
+    """FLUSHALL while runs are in flight: every run still finishes, through the sweeper."""
+    result = ScenarioResult("wipe", {"runs": runs, "lease_ms": cfg.lease_ms})
+    cluster = Cluster(cfg)
+    submit = _submit()
+    try:
+        cluster.start(2)
+        ids = [submit(f"wipe-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
+        wait_for(lambda: sum(r.step >= 1 for r in rows(ids)) >= runs // 2, 60)
+        RedisNode(get_settings().redis_url).flush()
+        progress("wipe: Redis flushed with runs in flight")
+        wait_terminal(ids, cfg.timeout_s + get_settings().sweeper_grace_ms / 1000)
+        judge(result, ids, None, check_events=False)
+    finally:
+        cluster.close()
+    return result
+
+
+def db_restart(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> ScenarioResult:
+    """Restart MariaDB mid-flight: workers ride it out; nothing is lost or doubled."""
+    result = ScenarioResult("db-restart", {"runs": runs, "lease_ms": cfg.lease_ms})
+    db = DatabaseNode()
+    if not get_settings().is_mysql or not db.available():
+        result.notes.append("skipped: the run store is not a local MariaDB this harness can restart")
+        return result
+    cluster = Cluster(cfg)
+    submit = _submit()
+    try:
+        cluster.start(2)
+        control = control_charge(submit, cfg.timeout_s)
+        ids = [submit(f"db-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
+        wait_for(lambda: sum(r.step >= 1 for r in rows(ids)) >= runs // 2, 60)
+        back_s = db.restart(down_s=3)
+        progress(f"db-restart: MariaDB down 3 s, answering again after {back_s:.1f} s")
+        wait_terminal(ids, cfg.timeout_s + 60)
+        judge(result, ids, control)
+    finally:
+        cluster.close()
+    return result
+
+
+def poison(cfg: ChaosConfig, runs: int = 5, progress: Progress = print) -> ScenarioResult:
+    """A run that kills its process every time goes dead after 3 deliveries; its neighbours finish."""
+    result = ScenarioResult("poison", {"runs": runs, "lease_ms": cfg.lease_ms})
+    cluster = Cluster(cfg)
+    submit = _submit()
+    try:
+        cluster.start(2, pool="prefork")
+        bad = submit("poison", "buy [poison] headphones")
+        ids = [submit(f"neighbour-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
+        wait_terminal([bad, *ids], cfg.timeout_s + 4 * cfg.lease_ms / 1000)
+        judge(result, [bad], None, expect="dead")
+        judge(result, ids, None)
+        progress(f"poison: dead-lettered; {runs} neighbours judged")
+    finally:
+        cluster.close()
+    return result
+
+
+def rolling(cfg: ChaosConfig, runs: int = 12, progress: Progress = print) -> ScenarioResult:
+    """Restart every worker in turn (SIGTERM, drain, start) under load: no run is interrupted or lost."""
+    result = ScenarioResult("rolling", {"runs": runs, "lease_ms": cfg.lease_ms})
+    cluster = Cluster(cfg)
+    submit = _submit()
+    try:
+        nodes = cluster.start(3)
+        ids = [submit(f"rolling-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
+        for node in nodes:
+            time.sleep(1)
+            node.stop()
+            node.start()
+            progress(f"rolling: {node.name} restarted")
+        wait_terminal(ids, cfg.timeout_s)
+        judge(result, ids, None)
+        for run_id in ids:
+            if any(e.kind == "takeover" for e in ledger.history(run_id)):
+                result.fail(run_id, "rolling", "interrupted: a drain should finish the step, not leave it")
+    finally:
+        cluster.close()
+    return result
+
+
+SCENARIOS = {"kill": kill, "zombie": zombie, "wipe": wipe, "db-restart": db_restart, "poison": poison,
+             "rolling": rolling}
