@@ -117,7 +117,11 @@ def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode 
 
 
 def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> ScenarioResult:
-    """SIGSTOP the holder past its lease; the new holder finishes; after SIGCONT the old one is refused."""
+    """Freeze the holder past its lease; the new holder finishes; after SIGCONT the old one is refused.
+
+    Odd rounds SIGSTOP the holder from outside mid-step (its next write is usually an event, fenced
+    by the Redis epoch mirror); even rounds make it stop itself right before checkpoint A, so its
+    first write after SIGCONT is the database's fenced UPDATE."""
     result = ScenarioResult("zombie", {"times": times, "lease_ms": cfg.lease_ms})
     slow = ChaosConfig(**{**cfg.__dict__, "step_ms": max(cfg.step_ms, 1500)})
     cluster = Cluster(slow)
@@ -125,14 +129,18 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
     try:
         cluster.start(2)
         for i in range(times):
+            self_stop = i % 2 == 1
+            if self_stop:
+                faults.arm("before_checkpoint_a", action="stop")
             run_id = submit(f"zombie-{i}", QUERIES[i % len(QUERIES)])
-            holder = wait_for(partial(_holder, cluster, run_id), 30)
+            holder = _stopped_holder(cluster) if self_stop else wait_for(partial(_holder, cluster, run_id), 30)
             if holder is None:
                 result.fail(run_id, "zombie", "no worker claimed the run")
                 result.runs += 1
                 continue
             freeze_ms = time.time() * 1000
-            holder.kill(signal.SIGSTOP)
+            if not self_stop:
+                holder.kill(signal.SIGSTOP)
             ended = wait_terminal([run_id], slow.timeout_s)
             holder.kill(signal.SIGCONT)
             at = resumed_at_ms(run_id, freeze_ms)
@@ -147,10 +155,21 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
                 result.fail(run_id, "zombie", f"ended={ended}, old holder refused={bool(refused)}")
             if any(e.actor in mine for e in finals):
                 result.fail(run_id, "zombie", "the frozen holder wrote the terminal state")
-            progress(f"zombie {i + 1}/{times}: {'refused' if refused else 'NOT refused'}")
+            how = "stopped itself before checkpoint A" if self_stop else "SIGSTOP mid-step"
+            progress(f"zombie {i + 1}/{times} ({how}): {'refused' if refused else 'NOT refused'}")
     finally:
+        clear_faults()
         cluster.close()
     return result
+
+
+def _stopped_holder(cluster: Cluster) -> WorkerNode | None:
+    hit = get_redis().blpop(keys.FAULT_HITS, timeout=60)
+    if not hit:
+        return None
+    node = cluster.node_of(int(hit[1].split()[2]))
+    time.sleep(0.2)  # the SIGSTOP it sent itself lands
+    return node
 
 
 def _holder(cluster: Cluster, run_id: str) -> WorkerNode | None:

@@ -1,8 +1,9 @@
 """Named fault-injection points for tests and chaos runs; inert unless FENCED_FAULTS_ENABLED is set.
 
-A test arms a point in Redis (`arm("after_model_call")`); the next worker to pass it records the hit
-and then hangs (FENCED_FAULT_ACTION=hang, the default: the test SIGKILLs the process group) or kills
-its own process group (FENCED_FAULT_ACTION=kill).
+A test arms a point in Redis (`arm("after_model_call", action=...)`); the next worker to pass it records
+the hit and then hangs (`hang`, the default: the test SIGKILLs the process group), kills its own
+process group (`kill`), or freezes its own process group (`stop`: a zombie in the making; the test
+sends SIGCONT after someone else took over).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fencing.scripts import scripts_for
 
 POINTS = (
     "after_model_call",  # the model answered, checkpoint A not written
+    "before_checkpoint_a",  # the decision's event is out, checkpoint A not written: the DB fence is next
     "after_tools",  # every tool returned, checkpoint B not written
     "after_terminal_write",  # the terminal transaction committed, the message not acked
 )
@@ -34,13 +36,20 @@ def point(name: str, run_id: str) -> None:
     fired = scripts_for(client)("fault_hit", [keys.FAULTS, keys.FAULT_HITS], [name, f"{name} {run_id} {os.getpid()}"])
     if not fired:
         return
-    log.warning("fault_point_fired", point=name, run_id=run_id, pid=os.getpid())
-    if os.environ.get("FENCED_FAULT_ACTION", "hang") == "kill":
+    action = client.hget(keys.FAULTS, f"{name}:action") or "hang"
+    log.warning("fault_point_fired", point=name, run_id=run_id, pid=os.getpid(), action=action)
+    if action == "kill":
         os.killpg(os.getpgid(0), signal.SIGKILL)
+    elif action == "stop":
+        os.killpg(os.getpgid(0), signal.SIGSTOP)  # returns here after SIGCONT, and goes on writing
+        return
     time.sleep(3600)
 
 
-def arm(name: str, times: int = 1) -> None:
+def arm(name: str, times: int = 1, action: str = "hang") -> None:
+    """Make the next `times` passes of point `name` fire `action` (hang, kill or stop)."""
     if name not in POINTS:
         raise ValueError(f"unknown fault point {name!r}; known: {', '.join(POINTS)}")
-    get_redis().hset(keys.FAULTS, name, times)
+    if action not in ("hang", "kill", "stop"):
+        raise ValueError(f"unknown fault action {action!r}")
+    get_redis().hset(keys.FAULTS, mapping={name: times, f"{name}:action": action})

@@ -113,6 +113,7 @@ class StepRunner:
             "name": decision.name, "text": decision.text,
             "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in decision.tool_calls],
         })
+        faults.point("before_checkpoint_a", self.run_id)
         self.boundary()
         runs.write_decided(self.c, self.step, {"history": self.history, "decision": decision.to_dict()},
                            self.usage, self.last_event_id)
