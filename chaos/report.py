@@ -37,6 +37,7 @@ class ScenarioResult:
     latencies_ms: dict[str, list[float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    false_positives: int = 0  # holders presumed dead by fast takeover that were alive
 
     @property
     def failed_runs(self) -> int:
@@ -61,6 +62,7 @@ class ScenarioResult:
             "scenario": self.name, "params": self.params, "runs": self.runs, "passed": self.passed,
             "failed": self.failed_runs, "ok": self.ok, "elapsed_s": round(self.elapsed_s, 1),
             "failures": [f.__dict__ for f in self.failures], "notes": self.notes,
+            "fast_takeover_false_positives": self.false_positives,
             "takeover_ms": {kind: {"n": len(v), "p50": percentile(v, 50), "p95": percentile(v, 95),
                                    "max": max(v) if v else None} for kind, v in self.latencies_ms.items()},
         }
@@ -70,13 +72,13 @@ def render(results: list[ScenarioResult], out: Console | None = None) -> None:
     """The verdict table, then every failure with its run and broken condition."""
     out = out or Console()
     table = Table(title="fenced chaos verdict")
-    for col in ("scenario", "runs", "passed", "failed", "takeover p50 / p95 / max (ms)", "time"):
+    for col in ("scenario", "runs", "passed", "failed", "takeover p50 / p95 / max (ms)", "false +", "time"):
         table.add_column(col)
     for r in results:
         lat = "; ".join(f"{kind}: {_ms(percentile(v, 50))} / {_ms(percentile(v, 95))} / {_ms(max(v))} (n={len(v)})"
                         for kind, v in r.latencies_ms.items() if v) or "-"
         table.add_row(r.name, str(r.runs), f"[green]{r.passed}[/]", f"[{'red' if r.failed_runs else 'green'}]"
-                      f"{r.failed_runs}[/]", lat, f"{r.elapsed_s:.0f} s")
+                      f"{r.failed_runs}[/]", lat, str(r.false_positives), f"{r.elapsed_s:.0f} s")
     out.print(table)
     for r in results:
         for note in r.notes:

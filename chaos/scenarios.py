@@ -85,10 +85,10 @@ def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode 
     victim: WorkerNode | None = None
     if moment in ("between_checkpoints", "after_terminal_write"):
         faults.arm("after_tools" if moment == "between_checkpoints" else "after_terminal_write")
-        hit = client.blpop(keys.FAULT_HITS, timeout=60)
+        hit = faults.next_hit(60)
         clear_faults()
         if hit:
-            victim = cluster.node_of(int(hit[1].split()[2]))
+            victim = cluster.node_of(hit[2])
     else:
         wanted = "step_started" if moment == "model_call" else "tool_started"
 
@@ -164,10 +164,10 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
 
 
 def _stopped_holder(cluster: Cluster) -> WorkerNode | None:
-    hit = get_redis().blpop(keys.FAULT_HITS, timeout=60)
+    hit = faults.next_hit(60)
     if not hit:
         return None
-    node = cluster.node_of(int(hit[1].split()[2]))
+    node = cluster.node_of(hit[2])
     time.sleep(0.2)  # the SIGSTOP it sent itself lands
     return node
 
@@ -262,5 +262,54 @@ def rolling(cfg: ChaosConfig, runs: int = 12, progress: Progress = print) -> Sce
     return result
 
 
+def child_kill(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> ScenarioResult:
+    """OOM-style: SIGKILL one prefork pool child mid-step (the parent lives on); time kill -> task_resumed."""
+    import os
+
+    result = ScenarioResult("child-kill", {"times": times, "lease_ms": cfg.lease_ms})
+    slow = ChaosConfig(**{**cfg.__dict__, "step_ms": max(cfg.step_ms, 800)})
+    cluster = Cluster(slow)
+    submit = _submit()
+    try:
+        [parent] = cluster.start(1, pool="prefork", prefix="p")
+        cluster.start(1)
+        for i in range(times):
+            run_id = submit(f"child-{i}", QUERIES[i % len(QUERIES)])
+
+            def child_pid(r: str = run_id) -> int | None:
+                pid = next((owner_pid(x.owner) for x in rows([r]) if x.owner), None)
+                return pid if pid and pid != parent.pid and parent.owns(pid) else None
+
+            pid = wait_for(child_pid, 30)
+            if pid is None:  # the threads worker took it: not this scenario's failure kind
+                wait_terminal([run_id], slow.timeout_s)
+                judge(result, [run_id], None)
+                continue
+            kill_ms = time.time() * 1000
+            os.kill(pid, signal.SIGKILL)
+            wait_terminal([run_id], slow.timeout_s)
+            at = resumed_at_ms(run_id, kill_ms)
+            if at is None:
+                result.fail(run_id, "stream", "pool child killed mid-step but no task_resumed")
+            else:
+                result.latency("pool child kill", at - kill_ms)
+            judge(result, [run_id], None)
+            progress(f"child-kill {i + 1}/{times}")
+    finally:
+        cluster.close()
+    return result
+
+
 SCENARIOS = {"kill": kill, "zombie": zombie, "wipe": wipe, "db-restart": db_restart, "poison": poison,
-             "rolling": rolling}
+             "rolling": rolling, "child-kill": child_kill}
+
+
+def run(name: str, cfg: ChaosConfig, progress: Progress = print, **kwargs: int) -> ScenarioResult:
+    """Run one scenario, timing it and counting fast-takeover false positives it caused."""
+    client = get_redis()
+    before = int(client.get(keys.FALSE_POSITIVES) or 0)
+    started = time.monotonic()
+    result = SCENARIOS[name](cfg, progress=progress, **kwargs)  # type: ignore[operator]
+    result.elapsed_s = time.monotonic() - started
+    result.false_positives = int(get_redis().get(keys.FALSE_POSITIVES) or 0) - before
+    return result

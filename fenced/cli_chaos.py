@@ -21,6 +21,7 @@ class Scenario(StrEnum):
     db_restart = "db-restart"
     poison = "poison"
     rolling = "rolling"
+    child_kill = "child-kill"
 
 
 @app.command()
@@ -35,11 +36,9 @@ def chaos(
 ) -> None:
     """Kill, freeze and wipe real workers and stores, then judge every run. Point it at a test deployment:
     `wipe` flushes the configured Redis and `db-restart` restarts the local MariaDB."""
-    import time
-
     from chaos.harness import ChaosConfig
     from chaos.report import ScenarioResult, render
-    from chaos.scenarios import SCENARIOS
+    from chaos.scenarios import SCENARIOS, run
     from checkpoints.db import migrate
 
     migrate()
@@ -50,17 +49,15 @@ def chaos(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=as_json) as bar:
         for name in names:
-            total = {"kill": rounds, "zombie": min(rounds, 10)}.get(name)
+            total = {"kill": rounds, "zombie": min(rounds, 10), "child-kill": min(rounds, 10)}.get(name)
             task = bar.add_task(name, total=total)
 
             def progress(message: str, task_id: TaskID = task) -> None:
                 bar.update(task_id, description=message, advance=1)
 
-            started = time.monotonic()
-            kwargs = {"kill": {"rounds": rounds, "runs": runs}, "zombie": {"times": min(rounds, 10)}}.get(
-                name, {"runs": runs})
-            result = SCENARIOS[name](cfg, progress=progress, **kwargs)  # type: ignore[operator]
-            result.elapsed_s = time.monotonic() - started
+            kwargs = {"kill": {"rounds": rounds, "runs": runs}, "zombie": {"times": min(rounds, 10)},
+                      "child-kill": {"times": min(rounds, 10)}}.get(name, {"runs": runs})
+            result = run(name, cfg, progress=progress, **kwargs)
             results.append(result)
             bar.update(task, description=f"{name}: {'PASS' if result.ok else 'FAIL'}", completed=total or 1,
                        total=total or 1)

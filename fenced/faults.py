@@ -46,6 +46,20 @@ def point(name: str, run_id: str) -> None:
     time.sleep(3600)
 
 
+def next_hit(timeout_s: float) -> tuple[str, str, int] | None:
+    """Wait for the next fired point: (point, run_id, pid), or None. Polls: the shared client has a
+    5 s socket timeout, shorter than the waits tests need."""
+    client = get_redis()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        hit = client.lpop(keys.FAULT_HITS)
+        if hit:
+            point, run_id, pid = str(hit).split()
+            return point, run_id, int(pid)
+        time.sleep(0.02)
+    return None
+
+
 def arm(name: str, times: int = 1, action: str = "hang") -> None:
     """Make the next `times` passes of point `name` fire `action` (hang, kill or stop)."""
     if name not in POINTS:

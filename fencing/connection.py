@@ -12,6 +12,7 @@ import redis
 from fenced.settings import get_settings
 
 _lock = threading.RLock()
+CLIENT_NAME_PREFIX = "fenced:"  # CLIENT SETNAME fenced:<process token> on every pooled connection
 _state: dict[str, object] = {}
 
 
@@ -21,7 +22,8 @@ def process_token() -> str:
     with _lock:
         if _state.get("token_pid") != pid:
             _state["token_pid"] = pid
-            _state["token"] = f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}"
+            host = socket.gethostname().replace(" ", "_")  # the token is also a client name
+            _state["token"] = f"{host}:{pid}:{uuid.uuid4().hex[:8]}"
         return str(_state["token"])
 
 
@@ -38,7 +40,7 @@ def get_redis() -> redis.Redis:
 
 def _make_client() -> redis.Redis:
     settings = get_settings()
-    name = "fenced:" + process_token().replace(" ", "_")
+    name = CLIENT_NAME_PREFIX + process_token()
     return redis.Redis.from_url(
         settings.redis_url,
         client_name=name,

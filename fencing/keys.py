@@ -10,6 +10,12 @@ DEAD_LETTERS = f"{PREFIX}:dead-letters"  # STREAM of dead-lettered runs, capped
 SWEEPER_LOCK = f"{PREFIX}:sweeper-lock"  # one sweeper per interval across workers
 FAULTS = f"{PREFIX}:{{faults}}:armed"  # HASH point -> remaining hits (tests and chaos only)
 FAULT_HITS = f"{PREFIX}:{{faults}}:hits"  # LIST of "point run_id pid" as points fire (tests and chaos only)
+# Fast takeover: which processes hold leases, and which were presumed dead.
+PROCESSES = f"{PREFIX}:processes"  # ZSET process token -> last seen ms (processes that took a lease)
+LIVENESS_SUSPECTS = f"{PREFIX}:liveness-suspects"  # HASH token -> consecutive checks without a connection
+PRESUMED_DEAD = f"{PREFIX}:presumed-dead"  # ZSET token -> when presumed dead (a live one = false positive)
+LIVENESS_LOCK = f"{PREFIX}:liveness-lock"  # one connection check per tick across workers
+FALSE_POSITIVES = f"{PREFIX}:fast-takeover:false-positives"  # counter: presumed dead, but alive
 PROMOTER_LOCK = f"{PREFIX}:promoter-lock"  # one large-run promotion per interval across workers
 
 # Admission: every key shares the {admission} hash tag, so admit.lua touches one slot.

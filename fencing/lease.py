@@ -13,6 +13,14 @@ from fencing.connection import get_redis, process_token
 from fencing.scripts import scripts_for
 
 
+def register(pipe: redis.client.Pipeline) -> None:
+    """Record in `pipe` that this process holds leases (fast takeover watches these processes)."""
+    from fenced.settings import get_settings
+
+    if get_settings().fast_takeover:
+        pipe.zadd(keys.PROCESSES, {process_token(): now_ms()})
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -43,8 +51,8 @@ class Lease:
         scripts_for(client)("acquire", [self.key], [self.token, self.ttl_ms, handoff], client=pipe)
         # GT: a refused acquire can only push a deadline later, never hide a lease from the reaper.
         pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms}, gt=True)
-        taken, _ = pipe.execute()
-        return bool(taken)
+        register(pipe)
+        return bool(pipe.execute()[0])
 
     def release(self, handoff_step: int | None = None, client: redis.Redis | None = None) -> bool:
         """Drop the lease, or leave a handoff for step `handoff_step` that expires like a lease."""

@@ -29,6 +29,7 @@ class Scripts:
         "rescue",
         "pop_expired",
         "fault_hit",
+        "release_prefix",
         "admit",
         "promote",
     )

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import structlog
 
 from fencing import keys
-from fencing.connection import get_redis
-from fencing.lease import Lease, now_ms
+from fencing.connection import get_redis, process_token
+from fencing.lease import Lease, now_ms, register
 from fencing.scripts import scripts_for
 
 log = structlog.get_logger("fencing.watchdog")
+PRESENCE_MS = 500
 
 
 class Watchdog:
@@ -53,17 +55,31 @@ class Watchdog:
             scripts("renew", [lease.key], [lease.token, lease.ttl_ms], client=pipe)
         deadline = now_ms()
         pipe.zadd(keys.LEASE_INDEX, {lease.run_id: deadline + lease.ttl_ms for lease in leases}, gt=True)
+        pipe.zrem(keys.PRESUMED_DEAD, process_token())
+        register(pipe)
         results = pipe.execute()
         self.renewals += 1
-        for lease, renewed in zip(leases, results[:-1], strict=True):
+        if results[len(leases) + 1]:
+            # Presumed dead by fast takeover while alive: a false positive. Counted; epochs kept it safe.
+            client.incr(keys.FALSE_POSITIVES)
+            log.warning("fast_takeover_false_positive", token=process_token())
+        for lease, renewed in zip(leases, results[:len(leases)], strict=True):
             if not renewed:
                 lease.lost = True
                 log.warning("lease_lost", run_id=lease.run_id, token=lease.token)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_ms / 1000):
+        # Wake at least every PRESENCE_MS: between renewals a PING keeps a named connection open (and
+        # reopens it soon after a Redis restart), so fast takeover never mistakes us for dead.
+        tick_ms = min(self.heartbeat_ms, PRESENCE_MS)
+        next_renew = time.monotonic() + self.heartbeat_ms / 1000
+        while not self._stop.wait(tick_ms / 1000):
             try:
-                self.renew_all()
+                if time.monotonic() >= next_renew:
+                    next_renew = time.monotonic() + self.heartbeat_ms / 1000
+                    self.renew_all()
+                elif self._leases:
+                    get_redis().ping()
             except Exception as exc:  # Redis down: keep trying; the lease TTL decides
                 log.warning("lease_renew_failed", error=repr(exc))
 

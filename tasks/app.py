@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
+from billiard.exceptions import WorkerLostError
 from celery import Celery, Task, signals
+from celery.worker.request import Request
 
 from fenced.log import configure as configure_logging
 from tasks import queues
@@ -17,7 +19,26 @@ app = Celery("fenced")
 app.config_from_object("celeryconfig")
 
 
-@app.task(name="fenced.run_agent", bind=True, acks_late=True, ignore_result=True)
+class RunRequest(Request):
+    """run_agent's request in the worker: a prefork child that dies mid-step is taken over at once."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        from fenced.settings import get_settings
+
+        if not isinstance(exc_info.exception, WorkerLostError) or not get_settings().fast_takeover:
+            return
+        from fencing.liveness import child_died
+
+        run_id, pid = self.args[0], self.worker_pid
+        try:
+            if pid and child_died(run_id, pid, send_rescue):
+                log.warning("child_died_rescued", run_id=run_id, pid=pid)
+        except Exception as exc:  # the lease still expires; the reaper rescues then
+            log.warning("child_died_rescue_failed", run_id=run_id, error=repr(exc))
+
+
+@app.task(name="fenced.run_agent", bind=True, acks_late=True, ignore_result=True, Request=RunRequest)
 def run_agent(self: Task, run_id: str, step: int | None = None) -> str:
     """Wake a run up: the run row decides what happens (see tasks.delivery and DESIGN.md)."""
     from tasks.delivery import deliver

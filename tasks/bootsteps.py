@@ -28,11 +28,23 @@ class LivenessStep(bootsteps.StartStopStep):
             worker.timer.call_repeatedly(min(s.sweeper_interval_ms, s.sweeper_grace_ms) / 1000, self.sweep),
             worker.timer.call_repeatedly(s.large_promote_every_ms / 1000, self.promote),
         ]
+        if s.fast_takeover:
+            self.refs.append(worker.timer.call_repeatedly(s.liveness_tick_ms / 1000, self.check_connections))
 
     def stop(self, worker: Any) -> None:
         for ref in self.refs:
             ref.cancel()
         self.refs = []
+
+    @staticmethod
+    def check_connections() -> None:
+        from fencing.liveness import check_connections
+        from tasks.app import send_rescue
+
+        try:
+            check_connections(send_rescue)
+        except Exception as exc:
+            log.warning("liveness_tick_failed", error=repr(exc))
 
     @staticmethod
     def reap() -> None:

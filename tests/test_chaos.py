@@ -8,7 +8,7 @@ import pytest
 
 from chaos.harness import ChaosConfig
 from chaos.report import ScenarioResult
-from chaos.scenarios import SCENARIOS
+from chaos.scenarios import SCENARIOS, run
 
 pytestmark = pytest.mark.chaos
 
@@ -19,19 +19,21 @@ REDUCED = {
     "db-restart": {"runs": 6},
     "poison": {"runs": 3},
     "rolling": {"runs": 9},
+    "child-kill": {"times": 3},
 }
 
 
 @pytest.mark.parametrize("name", list(REDUCED))
 def test_scenario_passes_at_reduced_scale(name: str, mysql_store: str, tmp_path: Path) -> None:
     cfg = ChaosConfig(lease_ms=2000, step_ms=300, tool_ms=200, log_dir=tmp_path)
-    result: ScenarioResult = SCENARIOS[name](cfg, progress=lambda _msg: None, **REDUCED[name])
+    result: ScenarioResult = run(name, cfg, progress=lambda _msg: None, **REDUCED[name])
     assert result.runs > 0, result.notes
     assert result.ok, [f"{f.run_id} {f.condition}: {f.reason}" for f in result.failures] + result.notes
     if name == "kill":
         takeovers = result.latencies_ms.get("whole-worker kill", [])
         assert takeovers, "the kills must have interrupted runs mid-step"
         assert max(takeovers) <= cfg.lease_ms + 2000 + 1000, takeovers
+    assert result.false_positives == 0
 
 
 def test_the_suite_catches_a_checkpoint_write_without_its_epoch(mysql_store: str, tmp_path: Path) -> None:

@@ -91,9 +91,9 @@ def test_replay_after_a_crash_finds_the_reply_and_never_asks_twice(workers):
     wait_for(lambda: runs.get_run(run_id).state == "waiting", 30, "the run to wait")
     faults.arm("after_tools")  # the next step to finish its tools (step 1, replayed with the reply) hangs
     reply_to_run(run_id, "Globex", "bob")
-    _, hit_run, pid = get_redis().blpop(keys.FAULT_HITS, timeout=30)[1].split()
+    _, hit_run, pid = faults.next_hit(30)
     assert hit_run == run_id
-    workers.by_pid(int(pid)).kill(signal.SIGKILL)
+    workers.by_pid(pid).kill(signal.SIGKILL)
     [done] = wait_terminal([run_id], timeout=40)
     assert done.state == "done" and "Globex" in done.answer
     assert len(inputs.for_run(run_id)) == 1

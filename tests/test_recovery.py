@@ -35,11 +35,11 @@ def _kill_at(workers, point: str, query: str = "buy running shoes") -> tuple[str
     client = get_redis()
     faults.arm(point)
     run_id = submit_run("u1", query)
-    hit = client.blpop(keys.FAULT_HITS, timeout=30)
+    hit = faults.next_hit(30)
     assert hit, f"no worker reached {point}"
-    _, hit_run, pid = hit[1].split()
+    _, hit_run, pid = hit
     assert hit_run == run_id
-    victim = workers.by_pid(int(pid))
+    victim = workers.by_pid(pid)
     victim.kill(signal.SIGKILL)
     return run_id, victim.name
 

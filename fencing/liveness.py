@@ -1,0 +1,96 @@
+"""Fast takeover: notice a dead holder process in about a second instead of when its lease runs out.
+
+A process that died closes its sockets, so its named Redis connections vanish; a prefork parent sees
+its child die. Acting on that is safe: epochs fence a mistaken takeover, so a false positive costs
+work, never correctness. Frozen or cut-off processes keep their connections and still wait for the
+lease TTL.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import structlog
+
+from fenced.settings import get_settings
+from fencing import keys
+from fencing.connection import CLIENT_NAME_PREFIX, get_redis, process_token
+from fencing.lease import now_ms
+from fencing.reaper import rescue
+from fencing.scripts import scripts_for
+
+log = structlog.get_logger("fencing.liveness")
+Send = Callable[[str], None]
+MISSES_TO_PRESUME_DEAD = 2  # consecutive checks without a connection
+
+
+def check_connections(send: Send) -> list[str]:
+    """One connection check (one worker per tick): holders with no connection twice in a row are dead.
+
+    Returns the runs rescued. Cost: CLIENT LIST and the registry of lease-holding processes; the lease
+    index is scanned only when a process is presumed dead."""
+    s = get_settings()
+    client = get_redis()
+    if not client.set(keys.LIVENESS_LOCK, process_token(), nx=True, px=s.liveness_tick_ms):
+        return []
+    holders: list[str] = client.zrange(keys.PROCESSES, 0, -1)  # type: ignore[assignment]
+    if not holders:
+        return []
+    connected = {c.get("name", "") for c in client.client_list()}
+    pipe = client.pipeline(transaction=False)
+    for token in holders:
+        if CLIENT_NAME_PREFIX + token in connected:
+            pipe.hdel(keys.LIVENESS_SUSPECTS, token)
+        else:
+            pipe.hincrby(keys.LIVENESS_SUSPECTS, token, 1)
+    misses = pipe.execute()
+    rescued: list[str] = []
+    for token, seen in zip(holders, misses, strict=True):
+        if CLIENT_NAME_PREFIX + token not in connected and int(seen) >= MISSES_TO_PRESUME_DEAD:
+            rescued += presume_dead(token, send)
+    return rescued
+
+
+def presume_dead(token: str, send: Send) -> list[str]:
+    """Release every lease `token` holds and rescue those runs now."""
+    client = get_redis()
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(keys.PROCESSES, token)
+    pipe.hdel(keys.LIVENESS_SUSPECTS, token)
+    pipe.zadd(keys.PRESUMED_DEAD, {token: now_ms()})
+    pipe.zremrangebyscore(keys.PRESUMED_DEAD, "-inf", now_ms() - 3_600_000)
+    pipe.execute()
+    reason = f"holder process {token} has no Redis connection on {MISSES_TO_PRESUME_DEAD} checks: presumed dead"
+    rescued = _release_and_rescue(f"{token}/", reason, send)
+    log.warning("presumed_dead", token=token, runs=len(rescued))
+    return rescued
+
+
+def child_died(run_id: str, pid: int, send: Send) -> bool:
+    """A prefork pool child died running `run_id`: release its lease (if still its own) and rescue now."""
+    prefix = f"{socket.gethostname()}:{pid}:"
+    client = get_redis()
+    if not scripts_for(client)("release_prefix", [keys.lease(run_id)], [prefix]):
+        return False
+    client.zrem(keys.LEASE_INDEX, run_id)
+    return rescue(run_id, get_settings().lease_ttl_ms, f"pool child {pid} died running the step", send)
+
+
+def _release_and_rescue(prefix: str, reason: str, send: Send) -> list[str]:
+    client = get_redis()
+    run_ids: list[str] = client.zrange(keys.LEASE_INDEX, 0, -1)  # type: ignore[assignment]
+    if not run_ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.get(keys.lease(run_id))
+    held = [r for r, value in zip(run_ids, pipe.execute(), strict=True) if value and value.startswith(prefix)]
+    scripts = scripts_for(client)
+    rescued = []
+    for run_id in held:
+        if scripts("release_prefix", [keys.lease(run_id)], [prefix]):
+            client.zrem(keys.LEASE_INDEX, run_id)
+            if rescue(run_id, get_settings().lease_ttl_ms, reason, send):
+                rescued.append(run_id)
+    return rescued
