@@ -81,7 +81,6 @@ def kill(cfg: ChaosConfig, rounds: int = 30, runs: int = 6, progress: Progress =
 
 def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode | None, float, list[str]]:
     """Wait for `moment` on a run of the busiest worker, SIGKILL its process group; (node, kill ms, held runs)."""
-    client = get_redis()
     victim: WorkerNode | None = None
     if moment in ("between_checkpoints", "after_terminal_write"):
         faults.arm("after_tools" if moment == "between_checkpoints" else "after_terminal_write")

@@ -32,7 +32,6 @@ def test_runs_finish_on_a_healthy_pool(workers):
 
 def _kill_at(workers, point: str, query: str = "buy running shoes") -> tuple[str, str]:
     """Arm `point`, submit a run, SIGKILL the whole process group of the worker that reached it."""
-    client = get_redis()
     faults.arm(point)
     run_id = submit_run("u1", query)
     hit = faults.next_hit(30)
