@@ -299,8 +299,29 @@ def child_kill(cfg: ChaosConfig, times: int = 10, progress: Progress = print) ->
     return result
 
 
+def redis_blip(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> ScenarioResult:
+    """Drop every client connection of Redis (CLIENT KILL), as a restart that keeps its data or a network
+    blip would, five times under load: every run finishes, and fast takeover's false positives are counted."""
+    result = ScenarioResult("redis-blip", {"runs": runs, "lease_ms": cfg.lease_ms})
+    cluster = Cluster(cfg)
+    submit = _submit()
+    try:
+        cluster.start(2)
+        ids = [submit(f"blip-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
+        wait_for(lambda: sum(r.step >= 1 for r in rows(ids)) >= 1, 60)
+        for n in range(5):
+            get_redis().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            progress(f"redis-blip: every client connection dropped ({n + 1}/5)")
+            time.sleep(1)
+        wait_terminal(ids, cfg.timeout_s)
+        judge(result, ids, None)
+    finally:
+        cluster.close()
+    return result
+
+
 SCENARIOS = {"kill": kill, "zombie": zombie, "wipe": wipe, "db-restart": db_restart, "poison": poison,
-             "rolling": rolling, "child-kill": child_kill}
+             "rolling": rolling, "child-kill": child_kill, "redis-blip": redis_blip}
 
 
 def run(name: str, cfg: ChaosConfig, progress: Progress = print, **kwargs: int) -> ScenarioResult:

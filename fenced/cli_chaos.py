@@ -22,6 +22,7 @@ class Scenario(StrEnum):
     poison = "poison"
     rolling = "rolling"
     child_kill = "child-kill"
+    redis_blip = "redis-blip"
 
 
 @app.command()

@@ -20,6 +20,7 @@ REDUCED = {
     "poison": {"runs": 3},
     "rolling": {"runs": 9},
     "child-kill": {"times": 3},
+    "redis-blip": {"runs": 6},
 }
 
 
