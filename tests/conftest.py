@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,6 +69,21 @@ def wipe_tables() -> None:
     with transaction() as conn:
         for table in reversed(metadata.sorted_tables):
             conn.execute(table.delete())
+
+
+@pytest.fixture
+def settings_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Set FENCED_* settings in this process for one test: settings_env(max_runs_per_user=2, ...)."""
+    from fenced.settings import get_settings
+
+    def set_(**values: object) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(f"FENCED_{name.upper()}", str(value))
+        get_settings.cache_clear()
+
+    yield set_
+    monkeypatch.undo()
+    get_settings.cache_clear()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -13,19 +12,6 @@ from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import run_checkpoints, run_holds, user_accounts
 from fenced.errors import InsufficientCredits
-from fenced.settings import get_settings
-
-
-@pytest.fixture
-def settings_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
-    def set_(**values: object) -> None:
-        for name, value in values.items():
-            monkeypatch.setenv(f"FENCED_{name.upper()}", str(value))
-        get_settings.cache_clear()
-
-    yield set_
-    monkeypatch.undo()
-    get_settings.cache_clear()
 
 
 def new_run(user: str = "u1", kind: str = "normal") -> str:

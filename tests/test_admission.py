@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -14,7 +14,6 @@ from checkpoints import accounts, ledger, runs
 from checkpoints.db import transaction
 from checkpoints.schema import run_checkpoints, run_holds, user_accounts
 from fenced.errors import AdmissionRefused, InsufficientCredits
-from fenced.settings import get_settings
 from fencing import admission, keys
 from fencing.connection import get_redis
 from fencing.fairness import promote_large, run_id_of
@@ -25,17 +24,9 @@ QUEUES = (queues.NORMAL, queues.LARGE)
 
 
 @pytest.fixture
-def limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+def limits(settings_env: Callable[..., None]) -> Callable[..., None]:
     """Set FENCED_* settings for this process for one test: limits(max_runs_per_user=2, ...)."""
-
-    def set_(**values: object) -> None:
-        for name, value in values.items():
-            monkeypatch.setenv(f"FENCED_{name.upper()}", str(value))
-        get_settings.cache_clear()
-
-    yield set_
-    monkeypatch.undo()
-    get_settings.cache_clear()
+    return settings_env
 
 
 def count(table: sa.Table) -> int:
