@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     heartbeat_ms: int = Field(10_000, gt=0, description="Watchdog renewal period")
     reaper_tick_ms: int = Field(1_000, gt=0, description="How often each worker looks for expired leases")
     fast_takeover: bool = Field(True, description="Act on dead processes (connections gone, pool child died)")
-    liveness_tick_ms: int = Field(500, gt=0, description="How often one worker compares lease holders with clients")
+    liveness_tick_ms: int = Field(250, gt=0, description="How often one worker compares lease holders with clients")
     sweeper_interval_ms: int = Field(30_000, gt=0, description="How often one worker sweeps the database")
     sweeper_grace_ms: int = Field(60_000, gt=0, description="No lease and no progress for this long => rescue")
     max_deliveries: int = Field(3, gt=0, description="Claims of one step without finishing before dead-letter")

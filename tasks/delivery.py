@@ -10,7 +10,7 @@ from checkpoints import ledger, runs
 from checkpoints.db import is_transient_db_error
 from fenced.errors import FencedOut, LeaseLost
 from fenced.settings import get_settings
-from fencing import admission, keys
+from fencing import admission, events, keys
 from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms
@@ -27,6 +27,8 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
     if run is None:
         log.warning("unknown_run", run_id=run_id)
         return "unknown"
+    if run.terminal:
+        _repair_final_event(run)
     if run.terminal or run.state == "waiting":
         if run.terminal:  # its holder may have died between the terminal write and the release
             admission.release_slot(run.user_id, run_id)
@@ -87,6 +89,29 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "db_unavailable", "error"))
         if handoff is not None:
             send_next(run_id, handoff)
+
+
+FINAL_EVENTS = {"done": ("run:done", "run_done"), "failed": ("run:failed", "run_failed"),
+                "dead": ("run:dead", "run_dead")}
+
+
+def _repair_final_event(run: runs.Run) -> None:
+    """A holder that died between its terminal commit and its final event left the stream without
+    it (its lease was never released, so a rescue always brings us here). The row is the truth: say it
+    with the same event id, so a client that merges by id shows it once."""
+    final = FINAL_EVENTS.get(run.state)
+    if final is None:
+        return
+    try:
+        newest = get_redis().xrevrange(keys.events(run.run_id), count=1)
+        if newest and newest[0][1].get("eid") == final[0]:  # type: ignore[union-attr]
+            return
+        data = {"answer": run.answer, "repaired": True} if run.state == "done" else {
+            "error_class": run.error_class, "error": run.error, "repaired": True}
+        events.append(run.run_id, run.epoch, final[0], final[1], run.step, data)
+        log.warning("final_event_repaired", run_id=run.run_id, epoch=run.epoch, state=run.state)
+    except Exception as exc:  # best effort: the database already says how the run ended
+        log.warning("final_event_repair_failed", run_id=run.run_id, epoch=run.epoch, error=repr(exc))
 
 
 def _close(claim: runs.Claim, outcome: str, error: str) -> None:

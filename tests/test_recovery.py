@@ -177,3 +177,19 @@ def test_poison_run_is_dead_lettered_after_three_deliveries(workers):
     for run_id in fine:
         v = check_run(run_id)
         assert v.ok, v.failures
+
+
+def test_a_holder_killed_between_terminal_commit_and_final_event_gets_its_event_repaired(workers):
+    """The row says done but the stream lacks run_done: the rescue's delivery writes it, once."""
+    workers.start("a")
+    run_id = submit_run("u1", "buy headphones")
+    wait_terminal([run_id], timeout=30)
+    client = get_redis()
+    [(done_id, _)] = [(sid, f) for sid, f in client.xrange(keys.events(run_id)) if f["type"] == "run_done"]
+    client.xdel(keys.events(run_id), done_id)  # as if the holder died right after its commit
+    assert check_run(run_id).failed.get("stream"), "the verdict must notice the missing final event"
+    from tasks.app import send_rescue
+
+    send_rescue(run_id)
+    wait_for(lambda: check_run(run_id).ok, 15, "the final event to be repaired")
+    assert sum(e.type == "run_done" for e in events.read(run_id)) == 1
