@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chaos.harness import wait_for as poll
 from checkpoints import runs
 from fenced.workers import WorkerProcess
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """chaos.harness.wait_for, failing the test with `what` on timeout."""
+    value = poll(pred, timeout, every)
+    if not value:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 def wait_terminal(run_ids: list[str], timeout: float = 60) -> list[runs.Run]:
