@@ -19,6 +19,7 @@ from fenced.errors import InvalidRequest, RunNotFound
 @dataclass(frozen=True)
 class Cancelled:
     run_id: str
+    user_id: str
     previous_state: str
     epoch: int  # the canceller's epoch: any holder with a lower one is fenced out
     credits_charged: int | None
@@ -38,7 +39,7 @@ def _cancel_txn(conn: Connection, run_id: str, by: str) -> Cancelled:
     if row is None:
         raise RunNotFound(f"no run {run_id!r}")
     if row["state"] in TERMINAL_STATES:
-        return Cancelled(run_id, row["state"], row["epoch"], None, noop=True)
+        return Cancelled(run_id, row["user_id"], row["state"], row["epoch"], None, noop=True)
     now = now_ms()
     epoch = row["epoch"] + 1
     conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
@@ -49,7 +50,7 @@ def _cancel_txn(conn: Connection, run_id: str, by: str) -> Cancelled:
     ledger.record_txn(conn, run_id, epoch, by, "cancelled",
                       f"cancelled while {row['state']} at step {row['step']}; the holder (if any) is fenced out",
                       {"previous_owner": row["owner"], "charge": charge})
-    return Cancelled(run_id, row["state"], epoch, charge, noop=False)
+    return Cancelled(run_id, row["user_id"], row["state"], epoch, charge, noop=False)
 
 
 @dataclass(frozen=True)

@@ -232,11 +232,13 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
     return in_txn(txn)
 
 
-def park(c: Claim, reason: str, usage: Usage, last_event_id: str) -> None:
-    """The run waits for a person (a fixable failure): no lease, no worker occupied, reason recorded."""
+def park(c: Claim, reason: str, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
+    """The run waits for a person: no lease, no worker occupied, reason recorded, checkpoint kept."""
+    blob = codec.encode(checkpoint)
 
     def txn(conn: Connection) -> None:
         fenced_update_txn(conn, c.run.run_id, c.epoch, "park (waiting)", state="waiting", owner=None,
+                          checkpoint=blob,
                           error_class="fixable", error=reason, prompt_tokens=usage.prompt_tokens,
                           completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
                           last_event_id=last_event_id)

@@ -6,7 +6,7 @@ import structlog
 
 from checkpoints import inputs, lifecycle
 from checkpoints.lifecycle import Cancelled
-from fencing import events, keys
+from fencing import admission, events, keys
 from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
 from tasks import queues
@@ -27,6 +27,7 @@ def cancel_run(run_id: str, by: str) -> Cancelled:
                       {"by": by, "previous_state": result.previous_state, "credits_charged": result.credits_charged})
         # The holder's watchdog sees its lease gone and stops at the next boundary.
         get_redis().delete(keys.lease(run_id))
+        admission.release_slot(result.user_id, run_id)  # a cancelled run no longer counts for its user
     except Exception as exc:  # the database already fences the holder; Redis is best effort
         log.warning("cancel_redis_failed", run_id=run_id, epoch=result.epoch, error=repr(exc))
     log.info("cancelled", run_id=run_id, epoch=result.epoch, by=by, previous_state=result.previous_state)

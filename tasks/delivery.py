@@ -28,10 +28,10 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         log.warning("unknown_run", run_id=run_id)
         return "unknown"
     if run.terminal:
+        # Its holder may have died between the terminal commit and the final event or the slot release.
         _repair_final_event(run)
+        admission.release_slot(run.user_id, run_id)
     if run.terminal or run.state == "waiting":
-        if run.terminal:  # its holder may have died between the terminal write and the release
-            admission.release_slot(run.user_id, run_id)
         log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
         return "skipped"
     if step is not None and step != run.step:

@@ -53,6 +53,10 @@ class StepRunner:
         self.step = run.step
         self.usage = Usage(run.prompt_tokens, run.completion_tokens, run.model_calls)
         self.history: list[dict[str, Any]] = list(run.checkpoint.get("history", []))
+        # Set once the run has waited on a person: only then can a reply be in the model's context, so
+        # only then is run_inputs read (no extra round trip on the hot path of other runs).
+        self.waited = bool(run.checkpoint.get("waited"))
+        self.decision: Decision | None = None
         self.last_event_id = run.last_event_id
         self.log = log.bind(run_id=self.run_id, epoch=claim.epoch, step=self.step)
 
@@ -91,19 +95,20 @@ class StepRunner:
         if decision.final:
             return self._finish(decision)
         self.emit(f"s{self.step}:done", "step_done", {"name": decision.name})
-        runs.write_step_done(self.c, self.step, {"history": self.history}, self.usage, self.last_event_id)
+        runs.write_step_done(self.c, self.step, self._checkpoint(), self.usage, self.last_event_id)
         self.log.info("step_done")
         return Outcome("continue", next_step=self.step + 1)
 
     def _decide(self, run: runs.Run) -> Decision:
         if run.phase == "decided":
-            decision = Decision.from_dict(run.checkpoint["decision"])
+            decision = self.decision = Decision.from_dict(run.checkpoint["decision"])
             self.log.info("replaying", decision=decision.name, tool_calls=len(decision.tool_calls))
             return decision
         self.log.info("running", phase=run.phase)
         self.emit(f"s{self.step}:start", "step_started", {})
         self.boundary()
-        replies = [{"question": i.question, "reply": i.reply} for i in inputs.for_run(self.run_id) if i.reply]
+        replies = [{"question": i.question, "reply": i.reply}
+                   for i in (inputs.for_run(self.run_id) if self.waited else []) if i.reply]
         ctx = AgentContext(self.run_id, run.query, run.kind, self.step, self.history, replies)
         decision = self._with_retries("model", lambda: self.model.decide(ctx))
         faults.point("after_model_call", self.run_id)
@@ -115,8 +120,9 @@ class StepRunner:
         })
         faults.point("before_checkpoint_a", self.run_id)
         self.boundary()
-        runs.write_decided(self.c, self.step, {"history": self.history, "decision": decision.to_dict()},
-                           self.usage, self.last_event_id)
+        self.decision = decision
+        runs.write_decided(self.c, self.step, self._checkpoint(decision=decision.to_dict()), self.usage,
+                           self.last_event_id)
         return decision
 
     def _run_tools(self, decision: Decision) -> dict[str, Any]:
@@ -162,7 +168,7 @@ class StepRunner:
 
     # -- endings ---------------------------------------------------------------------------------
     def _finish(self, decision: Decision) -> Outcome:
-        charge = runs.finish(self.c, "done", {"history": self.history}, self.usage, self.last_event_id,
+        charge = runs.finish(self.c, "done", self._checkpoint(), self.usage, self.last_event_id,
                              answer=decision.answer)
         admission.release_slot(self.c.run.user_id, self.run_id)
         self.emit("run:done", "run_done", {"answer": decision.answer, "credits_charged": charge})
@@ -170,18 +176,24 @@ class StepRunner:
         faults.point("after_terminal_write", self.run_id)
         return Outcome("done")
 
+    def _checkpoint(self, **extra: Any) -> dict[str, Any]:
+        """The checkpoint body every write stores: the finished steps, and whether the run ever waited."""
+        return {"history": self.history, **({"waited": True} if self.waited else {}), **extra}
+
     def _park(self, question: str, input_id: str, kind: str) -> Outcome:
         """Wait for a person: the question is recorded (once), the run parks, the lease is released."""
         if kind == "fixable":
             inputs.ask(self.c, input_id, self.step, question, kind="fixable")
         self.emit(f"wait:{input_id}", "run_waiting", {"question": question, "input_id": input_id, "kind": kind})
-        runs.park(self.c, question, self.usage, self.last_event_id)
+        self.waited = True
+        decided = {"decision": self.decision.to_dict()} if self.decision else {}  # a replay needs it
+        runs.park(self.c, question, self._checkpoint(**decided), self.usage, self.last_event_id)
         self.log.info("run_waiting", kind=kind, input_id=input_id)
         return Outcome("waiting")
 
     def _fail(self, exc: StepError) -> Outcome:
         error_class = exc.failure_class
-        charge = runs.finish(self.c, "failed", {"history": self.history}, self.usage, self.last_event_id,
+        charge = runs.finish(self.c, "failed", self._checkpoint(), self.usage, self.last_event_id,
                              error_class=error_class, error=str(exc))
         admission.release_slot(self.c.run.user_id, self.run_id)
         self.emit("run:failed", "run_failed", {"error_class": error_class, "error": str(exc),

@@ -195,3 +195,10 @@ def test_dead_letter_list_show_and_replay_with_a_fresh_budget(workers):
     assert [e.actor for e in replayed] == ["ops-oncall"]
     assert lifecycle.dead_letter(run_id).replays == 1
     assert check_run(run_id).holds == ["settled"]
+
+
+def test_cancel_gives_the_users_admission_slot_back(mysql_store):
+    run_id = submit_run("slot-user", "buy a lamp")  # no worker: it stays queued
+    assert run_id in get_redis().zrange(keys.user_slots("slot-user"), 0, -1)
+    cancel_run(run_id, "slot-user")
+    assert run_id not in get_redis().zrange(keys.user_slots("slot-user"), 0, -1)
