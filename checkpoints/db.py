@@ -53,9 +53,15 @@ def _make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
+    # No pool_pre_ping: it is a round trip before every transaction (4 per step). A connection that
+    # died with the server fails its first statement instead; every write runs in `in_txn` (and
+    # get_run under db_retry), which retries on the fresh connection the pool then hands out.
     return sa.create_engine(
         url,
-        pool_pre_ping=True,
+        pool_pre_ping=False,
+        # Every transaction() ends in COMMIT or ROLLBACK, and Connection.close() rolls back a transaction
+        # still open, so the pool's own ROLLBACK on check-in is a wasted round trip per transaction.
+        pool_reset_on_return=None,
         pool_recycle=3600,
         pool_size=5,
         max_overflow=10,

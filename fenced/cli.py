@@ -239,6 +239,19 @@ def worker(ctx: typer.Context) -> None:
     os.execv(sys.executable, argv)  # noqa: S606 - replace this process: signals reach celery directly
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                              "help_option_names": []})
+def bench(ctx: typer.Context) -> None:
+    """Run the benchmarks (`python -m bench`): plain Celery vs fenced vs DBOS, overhead, takeover, growth.
+
+    Arguments go to `python -m bench` (`fenced bench --help` lists them); needs `pip install -e .[bench]`."""
+    try:
+        from bench.cli import main as bench_main
+    except ImportError as exc:
+        fail(f"the benchmark is not installed here ({exc}); from a checkout: pip install -e '.[bench]'")
+    raise typer.Exit(bench_main(list(ctx.args)))
+
+
 @app.command()
 def migrate() -> None:
     """Bring the run store's schema to head."""

@@ -39,13 +39,13 @@ def split_pool(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def worker_argv(name: str, concurrency: int, queues: Sequence[str] = ALL_QUEUES, extra: Sequence[str] = (),
-                pool: str = "threads") -> list[str]:
+                pool: str = "threads", app: str = "tasks") -> list[str]:
     """The command line of one worker with the project's defaults (every queue in order).
 
     A pool given in `extra` (`--pool prefork`, `-P solo`) replaces `pool`."""
     extra_pool, extra = split_pool(extra)
     return [
-        sys.executable, "-m", "celery", "-A", "tasks", "worker",
+        sys.executable, "-m", "celery", "-A", app, "worker",
         *pool_option(extra_pool or pool), "-c", str(concurrency),
         # Gossip, mingle and broker heartbeats only add chatter and start-up delay for our workers.
         "--without-gossip", "--without-mingle", "--without-heartbeat",
@@ -64,7 +64,7 @@ class WorkerProcess:
 
     def __init__(self, name: str, *, env: Mapping[str, str] | None = None, log_path: str | Path | None = None,
                  concurrency: int = 4, pool: str = "threads", queues: Sequence[str] = ALL_QUEUES,
-                 extra_args: Sequence[str] = (), cwd: str | Path = REPO_ROOT) -> None:
+                 extra_args: Sequence[str] = (), cwd: str | Path = REPO_ROOT, app: str = "tasks") -> None:
         self.name = name
         self.env = dict(env or {})
         if log_path is None:
@@ -72,7 +72,7 @@ class WorkerProcess:
             os.close(fd)
             log_path = tmp
         self.log_path = Path(log_path)
-        self.argv = worker_argv(name, concurrency, queues, extra_args, pool)
+        self.argv = worker_argv(name, concurrency, queues, extra_args, pool, app)
         self.cwd = Path(cwd)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids: list[int] = []  # every incarnation, oldest first

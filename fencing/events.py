@@ -43,12 +43,14 @@ def append_many(run_id: str, epoch: int, items: list[tuple[str, str, int, dict[s
     client = client or get_redis()
     scripts = scripts_for(client)
     maxlen = get_settings().events_keep
-    pipe = client.pipeline(transaction=False)
-    for eid, type_, step, data in items:
-        event = Event(eid, type_, step, epoch, data)
-        scripts("append_event", [keys.epoch(run_id), keys.events(run_id)], [epoch, maxlen, *event.fields()],
-                client=pipe)
-    ids = pipe.execute()
+
+    def build(pipe: redis.client.Pipeline) -> None:
+        for eid, type_, step, data in items:
+            event = Event(eid, type_, step, epoch, data)
+            scripts.queue(pipe, "append_event", [keys.epoch(run_id), keys.events(run_id)],
+                          [epoch, maxlen, *event.fields()])
+
+    ids = scripts.execute(client, build)
     if any(i is None for i in ids):
         raise FencedOut(run_id, epoch, f"event {items[ids.index(None)][0]}")
     return [str(i) for i in ids]

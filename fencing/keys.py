@@ -27,6 +27,11 @@ def lease(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:lease"
 
 
+def held_by(process: str) -> str:
+    """SET of the run ids whose leases a process took: what a presumed-dead process held (fast takeover)."""
+    return f"{PREFIX}:held:{process}"
+
+
 def epoch(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:epoch"
 

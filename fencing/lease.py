@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -13,12 +14,18 @@ from fencing.connection import get_redis, process_token
 from fencing.scripts import scripts_for
 
 
-def register(pipe: redis.client.Pipeline) -> None:
-    """Record in `pipe` that this process holds leases (fast takeover watches these processes)."""
+def register(pipe: redis.client.Pipeline, run_ids: Sequence[str] = (), process: str | None = None) -> None:
+    """Record in `pipe` that `process` (default: this one) holds leases, and on which runs (fast
+    takeover watches these processes)."""
     from fenced.settings import get_settings
 
     if get_settings().fast_takeover:
-        pipe.zadd(keys.PROCESSES, {process_token(): now_ms()})
+        token = process or process_token()
+        pipe.zadd(keys.PROCESSES, {token: now_ms()})
+        if run_ids:
+            # What the process holds, so presuming it dead costs O(its leases), not O(runs in flight).
+            # Entries may be stale (a lease lost or taken over); the lease value decides.
+            pipe.sadd(keys.held_by(token), *run_ids)
 
 
 def now_ms() -> int:
@@ -43,26 +50,37 @@ class Lease:
     def key(self) -> str:
         return keys.lease(self.run_id)
 
+    @property
+    def process(self) -> str:
+        """The holder process's part of the token (the liveness registry's name for it)."""
+        return self.token.split("/", 1)[0]
+
     def acquire(self, step: int | None, client: redis.Redis | None = None) -> bool:
         """Take the lease if it is free, or if the previous step handed it over for `step`."""
         client = client or get_redis()
         handoff = handoff_value(step) if step is not None else ""
-        pipe = client.pipeline(transaction=False)
-        scripts_for(client)("acquire", [self.key], [self.token, self.ttl_ms, handoff], client=pipe)
-        # GT: a refused acquire can only push a deadline later, never hide a lease from the reaper.
-        pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms}, gt=True)
-        register(pipe)
-        return bool(pipe.execute()[0])
+        scripts = scripts_for(client)
+
+        def build(pipe: redis.client.Pipeline) -> None:
+            scripts.queue(pipe, "acquire", [self.key], [self.token, self.ttl_ms, handoff])
+            # GT: a refused acquire can only push a deadline later, never hide a lease from the reaper.
+            pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms}, gt=True)
+            register(pipe, [self.run_id], self.process)
+
+        return bool(scripts.execute(client, build)[0])
 
     def release(self, handoff_step: int | None = None, client: redis.Redis | None = None) -> bool:
         """Drop the lease, or leave a handoff for step `handoff_step` that expires like a lease."""
         client = client or get_redis()
-        pipe = client.pipeline(transaction=False)
-        if handoff_step is None:
-            pipe.zrem(keys.LEASE_INDEX, self.run_id)
-            value = ""
-        else:
-            pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms})
-            value = handoff_value(handoff_step)
-        scripts_for(client)("release", [self.key], [self.token, value, self.ttl_ms], client=pipe)
-        return bool(pipe.execute()[-1])
+        scripts = scripts_for(client)
+        value = "" if handoff_step is None else handoff_value(handoff_step)
+
+        def build(pipe: redis.client.Pipeline) -> None:
+            if handoff_step is None:
+                pipe.zrem(keys.LEASE_INDEX, self.run_id)
+            else:
+                pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms})
+            scripts.queue(pipe, "release", [self.key], [self.token, value, self.ttl_ms])
+            pipe.srem(keys.held_by(self.process), self.run_id)
+
+        return bool(scripts.execute(client, build)[-2])

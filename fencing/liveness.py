@@ -28,8 +28,8 @@ MISSES_TO_PRESUME_DEAD = 2  # consecutive checks without a connection
 def check_connections(send: Send) -> list[str]:
     """One connection check (one worker per tick): holders with no connection twice in a row are dead.
 
-    Returns the runs rescued. Cost: CLIENT LIST and the registry of lease-holding processes; the lease
-    index is scanned only when a process is presumed dead."""
+    Returns the runs rescued. Cost: CLIENT LIST and the registry of lease-holding processes; a process
+    presumed dead costs O(the leases it took), read from its own set."""
     s = get_settings()
     client = get_redis()
     if not client.set(keys.LIVENESS_LOCK, process_token(), nx=True, px=s.liveness_tick_ms):
@@ -62,7 +62,7 @@ def presume_dead(token: str, send: Send) -> list[str]:
     pipe.zremrangebyscore(keys.PRESUMED_DEAD, "-inf", now_ms() - 3_600_000)
     pipe.execute()
     reason = f"holder process {token} has no Redis connection on {MISSES_TO_PRESUME_DEAD} checks: presumed dead"
-    rescued = _release_and_rescue(f"{token}/", reason, send)
+    rescued = _release_and_rescue(token, reason, send)
     log.warning("presumed_dead", token=token, runs=len(rescued))
     return rescued
 
@@ -77,9 +77,14 @@ def child_died(run_id: str, pid: int, send: Send) -> bool:
     return rescue(run_id, get_settings().lease_ttl_ms, f"pool child {pid} died running the step", send)
 
 
-def _release_and_rescue(prefix: str, reason: str, send: Send) -> list[str]:
+def _release_and_rescue(token: str, reason: str, send: Send) -> list[str]:
+    """Release and rescue the runs `token` held: the runs it recorded taking, checked against the lease."""
     client = get_redis()
-    run_ids: list[str] = client.zrange(keys.LEASE_INDEX, 0, -1)  # type: ignore[assignment]
+    prefix = f"{token}/"
+    pipe = client.pipeline(transaction=True)
+    pipe.smembers(keys.held_by(token))
+    pipe.delete(keys.held_by(token))
+    run_ids: list[str] = sorted(pipe.execute()[0])
     if not run_ids:
         return []
     pipe = client.pipeline(transaction=False)

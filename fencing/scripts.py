@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
@@ -38,7 +41,33 @@ class Scripts:
         self._scripts: dict[str, Script] = {n: client.register_script(source(n)) for n in self.NAMES}
 
     def __call__(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        """Run one script now (EVALSHA, loading it on NOSCRIPT): one round trip."""
         return self._scripts[name](keys=keys, args=args, client=client)
+
+    def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
+        """Queue a script on a pipeline run by `execute` (EVALSHA, no per-execute SCRIPT EXISTS)."""
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    def execute(self, client: redis.Redis, build: Callable[[Pipeline], None]) -> list[Any]:
+        """Run what `build(pipe)` queues in ONE round trip and return the replies.
+
+        redis-py checks every script of a pipeline with SCRIPT EXISTS before each execute, a second
+        round trip per pipeline; here scripts go as plain EVALSHA. If the server lost its script cache
+        (a restart or SCRIPT FLUSH), every EVALSHA fails with NOSCRIPT and changes nothing: the scripts
+        are loaded and the pipeline is built and sent once more. Callers queue only commands that are
+        harmless to repeat (absolute SET/ZADD/ZREM), so the non-script commands running twice is fine.
+        """
+        for attempt in (1, 2):
+            pipe = client.pipeline(transaction=False)
+            build(pipe)
+            try:
+                return pipe.execute()
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for script in self._scripts.values():
+                    script.sha = client.script_load(script.script)
+        raise AssertionError("unreachable")
 
 
 _registered: dict[int, Scripts] = {}

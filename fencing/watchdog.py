@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import redis
 import structlog
 
 from fencing import keys
@@ -50,14 +51,16 @@ class Watchdog:
             return
         client = get_redis()
         scripts = scripts_for(client)
-        pipe = client.pipeline(transaction=False)
-        for lease in leases:
-            scripts("renew", [lease.key], [lease.token, lease.ttl_ms], client=pipe)
-        deadline = now_ms()
-        pipe.zadd(keys.LEASE_INDEX, {lease.run_id: deadline + lease.ttl_ms for lease in leases}, gt=True)
-        pipe.zrem(keys.PRESUMED_DEAD, process_token())
-        register(pipe)
-        results = pipe.execute()
+
+        def build(pipe: redis.client.Pipeline) -> None:
+            for lease in leases:
+                scripts.queue(pipe, "renew", [lease.key], [lease.token, lease.ttl_ms])
+            deadline = now_ms()
+            pipe.zadd(keys.LEASE_INDEX, {lease.run_id: deadline + lease.ttl_ms for lease in leases}, gt=True)
+            pipe.zrem(keys.PRESUMED_DEAD, process_token())
+            register(pipe, [lease.run_id for lease in leases])  # rebuilt after Redis lost it
+
+        results = scripts.execute(client, build)
         self.renewals += 1
         if results[len(leases) + 1]:
             # Presumed dead by fast takeover while alive: a false positive. Counted; epochs kept it safe.

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Start Redis and MariaDB if they are not running (installing them with apt-get where missing),
-# and create the test database. Safe to run again.
+# Start Redis, MariaDB and PostgreSQL (the benchmark's DBOS peer) if they are not running, installing
+# them with apt-get where missing, and create the test database. Safe to run again.
 set -euo pipefail
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
+ls /etc/postgresql/*/main >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -24,10 +25,17 @@ if ! mysqladmin -uroot -h127.0.0.1 ping >/dev/null 2>&1; then
   start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
 fi
 
+if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
+  echo "starting postgresql"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+fi
+
 for _ in $(seq 1 60); do
   redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && mysqladmin -uroot -h127.0.0.1 ping >/dev/null 2>&1 && break
   sleep 1
 done
 redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null
+for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+pg_isready -h 127.0.0.1 -p 5432 -q || echo "warning: PostgreSQL is not answering; the benchmark smoke test will fail"
 mysql -uroot -h127.0.0.1 -e "CREATE DATABASE IF NOT EXISTS fenced_test; CREATE DATABASE IF NOT EXISTS test"
-echo "services ready: redis 127.0.0.1:6379, mariadb 127.0.0.1:3306 (database fenced_test)"
+echo "services ready: redis 127.0.0.1:6379, mariadb 127.0.0.1:3306 (database fenced_test), postgresql 127.0.0.1:5432"

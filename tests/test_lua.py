@@ -132,3 +132,58 @@ def test_watchdog_renews_in_one_batch_and_marks_lost_leases(redis_client):
     assert not a.lost and b.lost
     assert redis_client.pttl(keys.lease("w1")) > 0
     assert redis_client.zscore(keys.LEASE_INDEX, "w1") > now_ms()
+
+
+def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client):
+    """Pipelined scripts go as plain EVALSHA (no SCRIPT EXISTS before each execute); after the server
+    lost its scripts (restart, SCRIPT FLUSH) they are loaded and the pipeline is sent again, once."""
+    import redis.connection
+
+    redis_client.script_flush()
+    a = Lease("f1", 5000)
+    assert a.acquire(0), "acquire must load the flushed scripts and go through"
+    assert redis_client.get(keys.lease("f1")) == a.token
+    epoch.raise_epoch("f1", 1)
+    trips = []
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self, command, check_health=True):
+        trips.append(command)
+        return original(self, command, check_health)
+
+    redis.connection.AbstractConnection.send_packed_command = counting
+    try:
+        events.append("f1", 1, "e1", "step_started", 0, {})
+        assert a.release(1)
+    finally:
+        redis.connection.AbstractConnection.send_packed_command = original
+    assert len(trips) == 2, f"one event append and one release: expected 2 round trips, saw {len(trips)}"
+    assert [e.eid for e in events.read("f1")] == ["e1"], "a retried pipeline must not append twice"
+    assert redis_client.get(keys.lease("f1")) == handoff_value(1)
+
+
+def test_presumed_dead_process_is_found_from_its_own_lease_set(redis_client, monkeypatch):
+    """Fast takeover reads what a dead process held from its own set, not by scanning every lease."""
+    from fencing import liveness
+    from fencing.connection import process_token
+
+    monkeypatch.setenv("FENCED_FAST_TAKEOVER", "1")
+    from fenced.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        mine = [Lease(f"held{i}", 5000) for i in range(3)]
+        for lease in mine:
+            assert lease.acquire(0)
+        other = Lease("not-mine", 5000, token="other-host:1:abc/xyz")
+        assert other.acquire(0)
+        assert redis_client.smembers(keys.held_by(process_token())) == {"held0", "held1", "held2"}
+        assert mine[2].release(None)
+        assert redis_client.smembers(keys.held_by(process_token())) == {"held0", "held1"}
+        sent: list[str] = []
+        rescued = liveness.presume_dead(process_token(), sent.append)
+        assert sorted(rescued) == ["held0", "held1"] == sorted(sent)
+        assert redis_client.get(keys.lease("not-mine")) == other.token, "another process's lease is untouched"
+        assert not redis_client.exists(keys.held_by(process_token()))
+    finally:
+        get_settings.cache_clear()

@@ -1,0 +1,164 @@
+"""Where a fenced step's time goes: deliveries run in this process with a timer on every round trip.
+
+`measure(runs)` submits runs and drives each through `tasks.delivery.deliver` right here (the
+continuations it sends are real Celery messages to the real broker, removed afterwards), with each
+piece of the protocol wrapped in a timer: load, lease, claim, epoch mirror, events, checkpoint A,
+checkpoint B / terminal write, admission release, lease release, send. The model call and tools (the
+work plain Celery does too) are timed as `work`; `other` is the rest (Python, logging). For
+comparison, `plain_step_ms` times the same work plus one Celery send, as the plain task does it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from bench.stats import summary
+from bench.work import QUERY, STEPS_PER_RUN
+
+# (label, module path, attribute): wrapped where the protocol looks them up.
+PIECES = (
+    ("load run row", "checkpoints.runs", "get_run"),
+    ("lease acquire", "fencing.lease.Lease", "acquire"),
+    ("claim (epoch + 1)", "checkpoints.runs", "claim"),
+    ("epoch mirror", "tasks.delivery", "raise_epoch"),
+    ("events", "fencing.events", "append"),
+    ("checkpoint A", "checkpoints.runs", "write_decided"),
+    ("checkpoint B", "checkpoints.runs", "write_step_done"),
+    ("terminal write", "checkpoints.runs", "finish"),
+    ("admission release", "fencing.admission", "release_slot"),
+    ("lease release", "fencing.lease.Lease", "release"),
+    ("work (model + tools)", "tasks.agent.stub.StubModel", "decide"),
+    ("work (model + tools)", "tasks.step", "run_tool"),
+)
+
+
+class Timers:
+    """Per-piece durations (ms) of the current delivery, collected per delivery."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.deliveries: list[dict[str, float]] = []
+
+    def wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[label] += (time.perf_counter() - t) * 1000
+                self.calls[label] += 1
+
+        return timed
+
+
+@contextmanager
+def instrumented(timers: Timers) -> Iterator[None]:
+    import importlib
+
+    saved = []
+    for label, path, attr in PIECES:
+        mod_name, _, cls = path.rpartition(".") if path[0].islower() and path.split(".")[-1][0].isupper() else (
+            path, "", "")
+        owner = getattr(importlib.import_module(mod_name), cls) if cls else importlib.import_module(path)
+        original = owner.__dict__[attr]
+        saved.append((owner, attr, original))
+        setattr(owner, attr, timers.wrap(label, original))
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+def measure(runs: int) -> dict[str, Any]:
+    """Drive `runs` fenced runs through in-process deliveries; per-step p50/p99 of every piece (ms)."""
+    from bench.plain_app import plain_step  # noqa: F401 - registers the plain task for the comparison
+    from tasks import submit_run
+    from tasks.app import send_continuation
+
+    timers = Timers()
+    totals: list[float] = []
+
+    def send(run_id: str, step: int) -> None:
+        t = time.perf_counter()
+        send_continuation(run_id, step)
+        timers.current["send"] += (time.perf_counter() - t) * 1000
+
+    for i in range(runs + 2):  # the first two warm up connections and caches
+        run_id = submit_run(f"breakdown-{i}-{time.time_ns()}", QUERY)
+
+        def each(total_ms: float, keep: bool = i >= 2) -> None:
+            if keep:
+                timers.deliveries.append({**timers.current, "total": total_ms})
+                totals.append(total_ms)
+            timers.current = defaultdict(float)
+
+        with instrumented(timers):
+            drive(run_id, each, send)
+    labels = list(dict.fromkeys([p[0] for p in PIECES] + ["send"]))
+    pieces = {}
+    for label in labels:
+        values = [d.get(label, 0.0) for d in timers.deliveries]
+        pieces[label] = summary(values)
+    others = [d["total"] - sum(v for k, v in d.items() if k != "total") for d in timers.deliveries]
+    pieces["other (Python, logging)"] = summary(others)
+    return {"steps": len(totals), "total": summary(totals), "pieces": pieces,
+            "plain_step": plain_in_process(runs)}
+
+
+def drive(run_id: str, each: Callable[[float], None],
+          send: Callable[[str, int], None] | None = None) -> None:
+    """Deliver every step of a submitted run here, as a worker would; `each(ms)` after each delivery.
+
+    `send` (default: the real continuation send) is called for every continuation; the messages that
+    reach the broker are removed, since this process delivers the steps itself."""
+    from fencing.connection import get_redis
+    from tasks import queues
+    from tasks.app import send_continuation
+    from tasks.delivery import deliver
+
+    sent: list[int] = []
+
+    def send_next(rid: str, step: int) -> None:
+        (send or send_continuation)(rid, step)
+        sent.append(step)
+
+    step: int | None = None
+    for _ in range(STEPS_PER_RUN):
+        t = time.perf_counter()
+        outcome = deliver(run_id, step, send_next)
+        each((time.perf_counter() - t) * 1000)
+        if outcome == "done":
+            break
+        if outcome != "continue":
+            raise RuntimeError(f"delivery of {run_id} step {step} ended {outcome}")
+        step = sent[-1]
+    get_redis().delete(queues.NORMAL, queues.CONTINUE)
+
+
+def plain_in_process(runs: int) -> dict[str, Any]:
+    """The plain task's step in this process: the same work plus one Celery send (no broker round trip
+    to receive it); per-step ms."""
+    from bench.plain_app import plain_step
+    from bench.work import agent_step
+    from fencing.connection import get_redis
+    from tasks import queues
+
+    values = []
+    for i in range(runs + 2):
+        history: list[dict[str, Any]] = []
+        for step in range(STEPS_PER_RUN):
+            t = time.perf_counter()
+            history, answer = agent_step(f"p{i}", step, history)
+            if answer is None:
+                plain_step.apply_async(args=(f"p{i}", step + 1, history), queue=queues.CONTINUE,
+                                       routing_key=queues.CONTINUE)
+            if i >= 2:
+                values.append((time.perf_counter() - t) * 1000)
+    get_redis().delete(queues.CONTINUE)
+    return summary(values)

@@ -1,0 +1,168 @@
+"""`python -m bench` / `fenced bench`: every benchmark figure in one run, written as JSON, markdown and PNG.
+
+Sections (all by default): throughput (plain Celery, fenced on MariaDB and SQLite, DBOS), breakdown
+(where a fenced step's time goes), checkpoint (size per step), growth (detection cost at 100 / 1k / 10k
+runs in flight), takeover (kill -> task_resumed at a 30 s and a 3 s lease). The stores are private or
+fresh: a redis-server of our own, the MariaDB database `fenced_bench` and the PostgreSQL database
+`fenced_bench_dbos` (both dropped and created), a SQLite file in a temporary directory.
+
+`--smoke` runs every section at tiny sizes in a minute or two: CI uses it to check the harness works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("throughput", "breakdown", "checkpoint", "growth", "takeover")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, measures nothing")
+    p.add_argument("--runs", type=int, help="throughput burst size (default 400, smoke 20)")
+    p.add_argument("--latency-runs", type=int, help="runs timed one at a time (default 100, smoke 5)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (it needs PostgreSQL and `dbos`)")
+    p.add_argument("--results", type=Path, help="where the JSON goes (default bench/results)")
+    p.add_argument("--docs", type=Path, help="where benchmarks.md and .png go (default docs; smoke: --results)")
+    args = p.parse_args(argv)
+    args.only = [s for s in args.only.split(",") if s]
+    unknown = set(args.only) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    args.runs = args.runs or (20 if args.smoke else 400)
+    args.latency_runs = args.latency_runs or (5 if args.smoke else 100)
+    args.results = args.results or ROOT / "bench" / "results"
+    args.docs = args.docs or (args.results if args.smoke else ROOT / "docs")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from bench.stores import BenchStores, machine, using
+
+    started = time.monotonic()
+    result: dict[str, Any] = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "smoke": args.smoke,
+                              "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+                              "machine": machine(), "params": {
+                                  "runs": args.runs, "latency_runs": args.latency_runs, "workers": args.workers,
+                                  "concurrency": args.concurrency}}
+    with BenchStores() as stores:
+        # Before anything imports the Celery apps: they read the broker URL once.
+        os.environ.update({"FENCED_REDIS_URL": stores.redis_url, "FENCED_MAX_QUEUED_RUNS": "1000000",
+                           "FENCED_STUB_STEP_MS": "0", "FENCED_STUB_TOOL_MS": "0"})
+        from fenced.demo import quiet_core_logs
+        from fenced.embedded import reload_settings
+
+        reload_settings()
+        quiet_core_logs()
+        say = _progress(started)
+        say(f"stores: redis {stores.redis_url}, {stores.urls}, dbos {stores.dbos_url}; logs in {stores.base}")
+        if "throughput" in args.only:
+            result["throughput"] = _throughput(args, stores, say)
+        mariadb = stores.urls["mariadb"]
+        if "breakdown" in args.only:
+            result["breakdown"] = {}
+            for store, url in stores.urls.items():
+                stores.flush_redis()
+                with using(stores.redis_url, url):
+                    from bench import breakdown
+
+                    say(f"breakdown on {store}")
+                    result["breakdown"][store] = breakdown.measure(3 if args.smoke else 50)
+        if "checkpoint" in args.only:
+            with using(stores.redis_url, mariadb):
+                from bench import checkpoint_size
+
+                say("checkpoint size")
+                result["checkpoint"] = checkpoint_size.measure()
+        if "growth" in args.only:
+            stores.flush_redis()
+            with using(stores.redis_url, mariadb):
+                from bench import growth
+
+                sizes = (100, 1000) if args.smoke else (100, 1_000, 10_000)
+                say(f"growth at {sizes} runs in flight")
+                result["growth"] = growth.measure(sizes)
+        if "takeover" in args.only:
+            result["takeover"] = _takeover(args, stores, say)
+    result["elapsed_s"] = time.monotonic() - started
+    _write(result, args)
+    say(f"done in {result['elapsed_s']:.0f} s")
+    return 0 if _healthy(result) else 1
+
+
+def _throughput(args: argparse.Namespace, stores: Any, say: Any) -> list[dict[str, Any]]:
+    from bench import throughput as tp
+
+    p = tp.Params(runs=args.runs, latency_runs=args.latency_runs, workers=args.workers,
+                  concurrency=args.concurrency, log_dir=stores.base)
+    out = []
+    contenders: list[tuple[str, Any]] = [("plain Celery", lambda: tp.plain(p))]
+    for store, url in stores.urls.items():
+        contenders.append((f"fenced on {store}", lambda s=store, u=url: tp.fenced(p, s, stores.redis_url, u)))
+    if not args.no_dbos:
+        contenders.append(("DBOS", lambda: tp.dbos(p, stores.dbos_url)))
+    for name, run in contenders:
+        stores.flush_redis()
+        say(f"throughput: {name}")
+        r = run().to_dict()
+        say(f"  {r['runs_per_s']} runs/s, step p50 {r['step_latency_ms']['p50']} ms")
+        out.append(r)
+    return out
+
+
+def _takeover(args: argparse.Namespace, stores: Any, say: Any) -> list[dict[str, Any]]:
+    from bench import takeover
+    from bench.stores import using
+
+    plan = [(3_000, False, 2)] if args.smoke else [(30_000, False, 4), (3_000, False, 8), (30_000, True, 4),
+                                                  (3_000, True, 4)]
+    out = []
+    for lease_ms, fast, rounds in plan:
+        stores.flush_redis()
+        with using(stores.redis_url, stores.urls["mariadb"]):
+            say(f"takeover: {lease_ms / 1000:g} s lease, fast takeover {'on' if fast else 'off'}, {rounds} kills")
+            t = takeover.measure(lease_ms, fast, rounds, stores.base)
+            say(f"  p50 {t['p50']} ms, p95 {t['p95']} ms over {t['n']} takeovers; {t['passed']}/{t['runs']} runs ok")
+            out.append(t)
+    return out
+
+
+def _healthy(r: dict[str, Any]) -> bool:
+    """Every run the benchmark started finished and passed its checks (speed is not judged here)."""
+    ok = all(c["done"] == c["runs"] and not c["failed_checks"] for c in r.get("throughput", []))
+    return ok and all(t["ok"] for t in r.get("takeover", []))
+
+
+def _write(r: dict[str, Any], args: argparse.Namespace) -> None:
+    from bench.report import markdown, plot
+
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = "smoke" if r["smoke"] else f"bench-{r['date'][:10]}"
+    text = json.dumps(r, indent=1, default=str)
+    (args.results / f"{stem}.json").write_text(text)
+    if not r["smoke"]:
+        (args.results / "latest.json").write_text(text)
+    args.docs.mkdir(parents=True, exist_ok=True)
+    md = markdown(r).replace("](", "](")
+    (args.docs / "benchmarks.md").write_text(md + "\n![benchmarks](benchmarks.png)\n")
+    plot(r, args.docs / "benchmarks.png")
+    print(md)
+
+
+def _progress(started: float) -> Any:
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return say

@@ -1,0 +1,164 @@
+"""The benchmark report: a markdown page and a PNG (throughput bars, per-step breakdown) from results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:,.{digits}f}" if isinstance(v, float) else f"{v:,}"
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, met) for every target of the benchmark issue that this run measured."""
+    out: list[tuple[str, str, bool | None]] = []
+    tp = {c["name"]: c for c in r.get("throughput", [])}
+    plain = tp.get("plain Celery")
+    for store in ("mariadb", "sqlite"):
+        fenced = tp.get(f"fenced on {store}")
+        if plain and fenced:
+            ratio = fenced["runs_per_s"] / plain["runs_per_s"]
+            out.append((f"fenced ({store}) throughput >= 0.7 x plain Celery", f"{ratio:.2f} x", ratio >= 0.7))
+            over = fenced["step_latency_ms"]["p50"] - plain["step_latency_ms"]["p50"]
+            out.append((f"fenced ({store}) step overhead <= 2 ms p50 over plain Celery", f"{over:.1f} ms",
+                        over <= 2))
+        dbos = tp.get("DBOS on PostgreSQL")
+        if fenced and dbos:
+            ratio = fenced["runs_per_s"] / dbos["runs_per_s"]
+            out.append((f"fenced ({store}) throughput >= DBOS", f"{ratio:.2f} x DBOS", ratio >= 1))
+    for t in r.get("takeover", []):
+        if t["p95"] is not None:
+            mode = "fast takeover" if t["fast_takeover"] else "lease only"
+            out.append((f"takeover p95 <= lease + 2 s ({t['lease_ms'] / 1000:g} s lease, {mode})",
+                        f"{t['p95'] / 1000:.2f} s", t["p95"] <= t["target_p95_ms"]))
+    rows = r.get("growth", {}).get("rows", [])
+    if len(rows) >= 2:
+        first, last = rows[0]["reaper, none expired"], rows[-1]["reaper, none expired"]
+        flat = last["redis_cmds"] == first["redis_cmds"] and last["round_trips"] == first["round_trips"]
+        out.append((f"detection cost flat in runs in flight ({rows[0]['in_flight']:,} -> {rows[-1]['in_flight']:,})",
+                    f"reaper tick {first['ms']} -> {last['ms']} ms, {last['redis_cmds']:g} commands", flat))
+    return out
+
+
+def markdown(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    lines = [f"# Benchmarks ({r['date']})", "",
+             f"`{r['command']}` on {m['cpu']}; {m['os']}; Python {m['python']}; {m['packages']}; "
+             f"{m['redis-server']}; {m['mariadb']}; {m['postgresql']}; SQLite {m['sqlite']}. "
+             f"Took {r['elapsed_s']:.0f} s.", ""]
+    if r.get("smoke"):
+        lines += ["**Smoke run**: tiny sizes, checks the harness only; these figures are not measurements.", ""]
+    found = targets(r)
+    if found:
+        lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
+        lines += [f"| {t} | {v} | {'yes' if ok else 'NO'} |" for t, v, ok in found]
+        lines.append("")
+    if r.get("throughput"):
+        p = r["params"]
+        lines += ["## Throughput and latency", "",
+                  f"{p['runs']} runs of 4 zero-latency stub steps submitted as fast as one client can, "
+                  f"{p['workers']} worker processes x concurrency {p['concurrency']} for every contender, one "
+                  f"private Redis. Latency: {p['latency_runs']} runs one at a time, submit to done as a client "
+                  "sees it; per step = run / 4.", "",
+                  "| contender | runs/s | steps/s | submit s | run p50 ms | run p99 ms | step p50 ms | "
+                  "step p99 ms | done |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in r["throughput"]:
+            lat, step = c["latency_ms"], c["step_latency_ms"]
+            lines.append(f"| {c['name']} | {_f(c['runs_per_s'])} | {_f(c['steps_per_s'])} | {c['submit_s']:.2f} | "
+                         f"{_f(lat['p50'])} | {_f(lat['p99'])} | {_f(step['p50'])} | {_f(step['p99'])} | "
+                         f"{c['done']}/{c['runs']} |")
+        notes = [f"{c['name']}: {n}" for c in r["throughput"] for n in c["notes"]]
+        lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
+    if r.get("breakdown"):
+        lines += ["## Where a fenced step's time goes", "",
+                  "Deliveries run in the benchmark process with a timer on every round trip (ms per step, "
+                  "p50 / p99; a piece that only some steps have, like the terminal write, has p50 0).", ""]
+        stores = list(r["breakdown"])
+        lines += ["| piece | " + " | ".join(stores) + " |", "|---|" + "---|" * len(stores)]
+        pieces = list(next(iter(r["breakdown"].values()))["pieces"])
+        for piece in ["total", *pieces]:
+            cells = []
+            for s in stores:
+                b = r["breakdown"][s]
+                v = b["total"] if piece == "total" else b["pieces"][piece]
+                cells.append(f"{_f(v['p50'], 2)} / {_f(v['p99'], 2)}")
+            lines.append(f"| {'**whole step**' if piece == 'total' else piece} | " + " | ".join(cells) + " |")
+        plain = next(iter(r["breakdown"].values()))["plain_step"]
+        lines += [f"| *plain Celery step, same work + send* | {_f(plain['p50'], 2)} / {_f(plain['p99'], 2)} |"
+                  + " |" * (len(stores) - 1), ""]
+    if r.get("takeover"):
+        lines += ["## Takeover latency", "", "SIGKILL of a whole worker to `task_resumed` of each run it held "
+                  "(chaos kill scenario, 2 workers, 6 runs per round, kills at four moments).", "",
+                  "| lease | fast takeover | kills judged | takeovers | p50 s | p95 s | max s | runs passed |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for t in r["takeover"]:
+            s = [_f(t[k] / 1000, 2) if t[k] is not None else "n/a" for k in ("p50", "p95", "max")]
+            lines.append(f"| {t['lease_ms'] / 1000:g} s | {'on' if t['fast_takeover'] else 'off'} | {t['rounds']} | "
+                         f"{t['n']} | {s[0]} | {s[1]} | {s[2]} | {t['passed']}/{t['runs']} |")
+        lines.append("")
+    if r.get("growth"):
+        g = r["growth"]
+        d = g["defaults"]
+        lines += ["## Detection cost against runs in flight", "",
+                  f"Median of {g['ticks']} ticks; in-flight runs simulated as live leases + `running` rows. "
+                  f"Defaults: reaper every {d['reaper_tick_ms']} ms in each worker, liveness check every "
+                  f"{d['liveness_tick_ms']} ms and sweeper every {d['sweeper_interval_ms']} ms in one worker "
+                  "of the cluster.", "",
+                  "| in flight | tick | ms | Redis commands | round trips | SQL statements |",
+                  "|---|---|---|---|---|---|"]
+        for row in g["rows"]:
+            for tick, c in row.items():
+                if tick == "in_flight":
+                    continue
+                lines.append(f"| {row['in_flight']:,} | {tick} | {c['ms']} | {c['redis_cmds']:g} | "
+                             f"{c['round_trips']:g} | {c['sql']:g} |")
+        lines += ["", f"Lease renewal, one watchdog heartbeat per process (every {d['heartbeat_ms']} ms):", "",
+                  "| leases held by the process | ms | Redis commands | round trips |", "|---|---|---|---|"]
+        lines += [f"| {x['leases']:,} | {x['ms']} | {x['redis_cmds']:g} | {x['round_trips']:g} |" for x in g["renewal"]]
+        lines.append("")
+    if r.get("checkpoint"):
+        c = r["checkpoint"]
+        lines += ["## Checkpoint size", "", f"The demo agent, query {c['query']!r}: every checkpoint row.", "",
+                  "| step | phase | stored bytes (zlib) | JSON bytes |", "|---|---|---|---|"]
+        lines += [f"| {x['step']} | {x['phase']} | {x['stored_bytes']:,} | {x['json_bytes']:,} |" for x in c["rows"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    """Throughput bars and the per-step breakdown (p50) side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.4]})
+    tp = r.get("throughput", [])
+    names = [c["name"].replace(" on ", "\non ") for c in tp]
+    bars = ax1.bar(names, [c["runs_per_s"] for c in tp], color=["#888888", "#1f77b4", "#6baed6", "#ff7f0e"][:len(tp)])
+    ax1.bar_label(bars, fmt="%.0f")
+    ax1.set_ylabel("runs/s (4 steps each)")
+    ax1.set_title("Throughput, same work and workers")
+    bd = r.get("breakdown", {})
+    if bd:
+        pieces = [p for p in next(iter(bd.values()))["pieces"]]
+        labels = [*bd, "plain Celery"]
+        left = [0.0] * len(labels)
+        cmap = plt.get_cmap("tab20")
+        for i, piece in enumerate(pieces):
+            vals = [bd[s]["pieces"][piece]["p50"] or 0.0 for s in bd] + [0.0]
+            ax2.barh(labels, vals, left=left, color=cmap(i % 20), label=piece)
+            left = [a + b for a, b in zip(left, vals, strict=True)]
+        plain = next(iter(bd.values()))["plain_step"]["p50"]
+        ax2.barh(labels, [0.0] * len(bd) + [plain], left=left, color="#888888", label="plain step (work + send)")
+        ax2.set_xlabel("ms per step (p50 of each piece)")
+        ax2.set_title("Where a fenced step's time goes")
+        ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.suptitle(f"fenced benchmarks, {r['date']}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

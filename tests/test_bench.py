@@ -1,0 +1,48 @@
+"""The benchmark harness works end to end (`python -m bench --smoke`); its speed is not judged here.
+
+The smoke run uses its own stores (a private redis-server, the fenced_bench / fenced_bench_dbos
+databases, a temporary SQLite file), real Celery workers, real DBOS workers and a real kill."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fenced.workers import REPO_ROOT
+
+
+@pytest.mark.timeout(600)
+def test_smoke_run_measures_every_section(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--results", str(tmp_path)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "smoke.json").read_text())
+    names = [c["name"] for c in r["throughput"]]
+    assert names == ["plain Celery", "fenced on mariadb", "fenced on sqlite", "DBOS on PostgreSQL"]
+    for c in r["throughput"]:
+        assert c["done"] == c["runs"] == 20 and c["runs_per_s"] > 0, c
+        assert c["latency_ms"]["n"] == 5 and c["latency_ms"]["p50"] > 0, c
+        assert not c["failed_checks"], c
+    for store in ("mariadb", "sqlite"):
+        b = r["breakdown"][store]
+        assert b["steps"] == 12  # 3 runs x 4 steps
+        for piece in ("claim (epoch + 1)", "checkpoint A", "checkpoint B", "events", "send"):
+            assert b["pieces"][piece]["p50"] > 0, (store, piece)
+    phases = [(x["step"], x["phase"]) for x in r["checkpoint"]["rows"]]
+    assert phases[:2] == [(0, "decided"), (0, "done")] and phases[-1] == (3, "decided")
+    assert all(x["stored_bytes"] > 0 for x in r["checkpoint"]["rows"])
+    small, big = r["growth"]["rows"]
+    assert (small["in_flight"], big["in_flight"]) == (100, 1000)
+    for tick in ("reaper, none expired", "reaper, 10 expired", "liveness check", "presumed dead (5 leases)"):
+        assert small[tick]["redis_cmds"] == big[tick]["redis_cmds"], f"{tick} grew with runs in flight"
+    assert all(x["round_trips"] == 1 for x in r["growth"]["renewal"]), "renewal must be one batch per process"
+    (t,) = r["takeover"]
+    assert t["ok"] and t["n"] > 0 and t["p95"] < t["target_p95_ms"], t
+    md = (tmp_path / "benchmarks.md").read_text()
+    for heading in ("## Targets", "## Throughput and latency", "## Where a fenced step's time goes",
+                    "## Takeover latency", "## Detection cost", "## Checkpoint size", "Smoke run"):
+        assert heading in md
+    assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
