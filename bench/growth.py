@@ -18,6 +18,7 @@ from typing import Any
 
 TICKS = 15
 EXPIRED_PER_TICK = 10
+DEAD = "dead-host:9:dead"  # the process token of a holder that died
 
 
 class Counters:
@@ -65,20 +66,23 @@ def server_commands() -> int:
 
 
 def tick_cost(fn: Callable[[], Any], before: Callable[[], Any] = lambda: None) -> dict[str, float]:
-    """Median wall ms, Redis commands, round trips and SQL statements of `fn` over TICKS ticks."""
-    walls, cmds, trips, sql = [], [], [], []
+    """Median wall ms, Redis commands, round trips, SQL statements and runs rescued (the length of what
+    `fn` returns) over TICKS ticks."""
+    walls, cmds, trips, sql, found = [], [], [], [], []
     for _ in range(TICKS):
         before()
         start_cmds = server_commands()
         with counting() as c:
             t = time.perf_counter()
-            fn()
+            out = fn()
             walls.append((time.perf_counter() - t) * 1000)
+        found.append(len(out) if isinstance(out, list) else 0)
         cmds.append(server_commands() - start_cmds)
         trips.append(c.round_trips)
         sql.append(c.sql)
     return {"ms": round(statistics.median(walls), 2), "redis_cmds": statistics.median(cmds),
-            "round_trips": statistics.median(trips), "sql": statistics.median(sql)}
+            "round_trips": statistics.median(trips), "sql": statistics.median(sql),
+            "rescued": statistics.median(found)}
 
 
 def seed(n: int) -> list[str]:
@@ -141,10 +145,9 @@ def measure(sizes: tuple[int, ...]) -> dict[str, Any]:
         client.zadd(keys.LEASE_INDEX, {str(uuid.uuid4()): now_ms() - 1 for _ in range(EXPIRED_PER_TICK)})
 
     def dead_holder() -> None:
+        """Five leases taken by a process that then died (as Lease.acquire records them)."""
         for _ in range(5):
-            run_id = str(uuid.uuid4())
-            client.set(keys.lease(run_id), f"dead-host:9:dead/{run_id[:6]}", px=60_000)
-            client.zadd(keys.LEASE_INDEX, {run_id: now_ms() + 60_000})
+            assert Lease(str(uuid.uuid4()), 60_000, token=f"{DEAD}/{uuid.uuid4().hex[:6]}").acquire(None)
 
     rows: list[dict[str, Any]] = []
     for n in sizes:
@@ -159,7 +162,7 @@ def measure(sizes: tuple[int, ...]) -> dict[str, Any]:
             "sweeper": tick_cost(lambda: sweeper.sweep(send, force=True)),
             "liveness check": tick_cost(lambda: liveness.check_connections(send),
                                         lambda: client.delete(keys.LIVENESS_LOCK)),
-            "presumed dead (5 leases)": tick_cost(lambda: liveness.presume_dead("dead-host:9:dead", send),
+            "presumed dead (5 leases)": tick_cost(lambda: liveness.presume_dead(DEAD, send),
                                                   dead_holder),
         })
     clear()

@@ -107,14 +107,14 @@ def markdown(r: dict[str, Any]) -> str:
                   f"Defaults: reaper every {d['reaper_tick_ms']} ms in each worker, liveness check every "
                   f"{d['liveness_tick_ms']} ms and sweeper every {d['sweeper_interval_ms']} ms in one worker "
                   "of the cluster.", "",
-                  "| in flight | tick | ms | Redis commands | round trips | SQL statements |",
-                  "|---|---|---|---|---|---|"]
+                  "| in flight | tick | ms | Redis commands | round trips | SQL statements | runs rescued |",
+                  "|---|---|---|---|---|---|---|"]
         for row in g["rows"]:
             for tick, c in row.items():
                 if tick == "in_flight":
                     continue
                 lines.append(f"| {row['in_flight']:,} | {tick} | {c['ms']} | {c['redis_cmds']:g} | "
-                             f"{c['round_trips']:g} | {c['sql']:g} |")
+                             f"{c['round_trips']:g} | {c['sql']:g} | {c['rescued']:g} |")
         lines += ["", f"Lease renewal, one watchdog heartbeat per process (every {d['heartbeat_ms']} ms):", "",
                   "| leases held by the process | ms | Redis commands | round trips |", "|---|---|---|---|"]
         lines += [f"| {x['leases']:,} | {x['ms']} | {x['redis_cmds']:g} | {x['round_trips']:g} |" for x in g["renewal"]]

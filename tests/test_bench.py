@@ -38,6 +38,8 @@ def test_smoke_run_measures_every_section(tmp_path):
     assert (small["in_flight"], big["in_flight"]) == (100, 1000)
     for tick in ("reaper, none expired", "reaper, 10 expired", "liveness check", "presumed dead (5 leases)"):
         assert small[tick]["redis_cmds"] == big[tick]["redis_cmds"], f"{tick} grew with runs in flight"
+    assert small["presumed dead (5 leases)"]["rescued"] == big["presumed dead (5 leases)"]["rescued"] == 5
+    assert small["reaper, 10 expired"]["rescued"] == 10
     assert all(x["round_trips"] == 1 for x in r["growth"]["renewal"]), "renewal must be one batch per process"
     (t,) = r["takeover"]
     assert t["ok"] and t["n"] > 0 and t["p95"] < t["target_p95_ms"], t
