@@ -2,10 +2,10 @@
 
 `measure(runs)` submits runs and drives each through `tasks.delivery.deliver` right here (the
 continuations it sends are real Celery messages to the real broker, removed afterwards), with each
-piece of the protocol wrapped in a timer: load, lease, claim, epoch mirror, events, checkpoint A,
-checkpoint B / terminal write, admission release, lease release, send. The model call and tools (the
-work plain Celery does too) are timed as `work`; `other` is the rest (Python, logging). For
-comparison, `plain_step_ms` times the same work plus one Celery send, as the plain task does it.
+piece of the protocol wrapped in a timer: load, lease, claim, events (the first also raises the epoch
+mirror), checkpoint A, checkpoint B / terminal write, admission release, lease release, send. The
+model call and tools (the work plain Celery does too) are timed as `work`; `other` is the rest
+(Python, logging). For comparison, `plain_step_ms` times the same work plus one Celery send.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ PIECES = (
     ("load run row", "checkpoints.runs", "get_run"),
     ("lease acquire", "fencing.lease.Lease", "acquire"),
     ("claim (epoch + 1)", "checkpoints.runs", "claim"),
-    ("epoch mirror", "tasks.delivery", "raise_epoch"),
     ("events", "fencing.events", "append"),
     ("checkpoint A", "checkpoints.runs", "write_decided"),
     ("checkpoint B", "checkpoints.runs", "write_step_done"),

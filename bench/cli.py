@@ -28,8 +28,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, measures nothing")
-    p.add_argument("--runs", type=int, help="throughput burst size (default 400, smoke 20)")
+    p.add_argument("--runs", type=int, help="throughput burst size (default 400, smoke 20; a quarter with --model-ms)")
     p.add_argument("--latency-runs", type=int, help="runs timed one at a time (default 100, smoke 5)")
+    p.add_argument("--model-ms", type=int, default=200,
+                   help="the second throughput pass: stub model latency per step (0 = skip that pass)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (it needs PostgreSQL and `dbos`)")
@@ -52,11 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     from bench.stores import BenchStores, machine, using
 
     started = time.monotonic()
+    params = {"runs": args.runs, "latency_runs": args.latency_runs, "workers": args.workers,
+              "concurrency": args.concurrency, "model_ms": args.model_ms}
     result: dict[str, Any] = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "smoke": args.smoke,
                               "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
-                              "machine": machine(), "params": {
-                                  "runs": args.runs, "latency_runs": args.latency_runs, "workers": args.workers,
-                                  "concurrency": args.concurrency}}
+                              "machine": machine(), "params": params}
     with BenchStores() as stores:
         # Before anything imports the Celery apps: they read the broker URL once.
         os.environ.update({"FENCED_REDIS_URL": stores.redis_url, "FENCED_MAX_QUEUED_RUNS": "1000000",
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"stores: redis {stores.redis_url}, {stores.urls}, dbos {stores.dbos_url}; logs in {stores.base}")
         if "throughput" in args.only:
             result["throughput"] = _throughput(args, stores, say)
+            if args.model_ms:
+                result["throughput_model"] = _throughput(args, stores, say, step_ms=args.model_ms)
         mariadb = stores.urls["mariadb"]
         if "breakdown" in args.only:
             result["breakdown"] = {}
@@ -102,11 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if _healthy(result) else 1
 
 
-def _throughput(args: argparse.Namespace, stores: Any, say: Any) -> list[dict[str, Any]]:
+def _throughput(args: argparse.Namespace, stores: Any, say: Any, step_ms: int = 0) -> list[dict[str, Any]]:
+    """Every contender on the same burst; with `step_ms`, a smaller burst and no latency runs."""
     from bench import throughput as tp
 
-    p = tp.Params(runs=args.runs, latency_runs=args.latency_runs, workers=args.workers,
-                  concurrency=args.concurrency, log_dir=stores.base)
+    runs = args.runs if not step_ms else max(8, args.runs // 4)
+    p = tp.Params(runs=runs, latency_runs=0 if step_ms else args.latency_runs, workers=args.workers,
+                  concurrency=args.concurrency, log_dir=stores.base, step_ms=step_ms)
     out = []
     contenders: list[tuple[str, Any]] = [("plain Celery", lambda: tp.plain(p))]
     for store, url in stores.urls.items():
@@ -115,7 +121,7 @@ def _throughput(args: argparse.Namespace, stores: Any, say: Any) -> list[dict[st
         contenders.append(("DBOS", lambda: tp.dbos(p, stores.dbos_url)))
     for name, run in contenders:
         stores.flush_redis()
-        say(f"throughput: {name}")
+        say(f"throughput: {name}, model {step_ms} ms per step")
         r = run().to_dict()
         say(f"  {r['runs_per_s']} runs/s, step p50 {r['step_latency_ms']['p50']} ms")
         out.append(r)
@@ -141,7 +147,8 @@ def _takeover(args: argparse.Namespace, stores: Any, say: Any) -> list[dict[str,
 
 def _healthy(r: dict[str, Any]) -> bool:
     """Every run the benchmark started finished and passed its checks (speed is not judged here)."""
-    ok = all(c["done"] == c["runs"] and not c["failed_checks"] for c in r.get("throughput", []))
+    ok = all(c["done"] == c["runs"] and not c["failed_checks"]
+             for c in r.get("throughput", []) + r.get("throughput_model", []))
     return ok and all(t["ok"] for t in r.get("takeover", []))
 
 

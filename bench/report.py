@@ -29,6 +29,11 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         if fenced and dbos:
             ratio = fenced["runs_per_s"] / dbos["runs_per_s"]
             out.append((f"fenced ({store}) throughput >= DBOS", f"{ratio:.2f} x DBOS", ratio >= 1))
+    tm = {c["name"]: c for c in r.get("throughput_model", [])}
+    if tm.get("plain Celery") and tm.get("fenced on mariadb"):
+        ratio = tm["fenced on mariadb"]["runs_per_s"] / tm["plain Celery"]["runs_per_s"]
+        out.append((f"fenced (mariadb) throughput >= 0.7 x plain Celery, model {r['params'].get('model_ms')} ms/step",
+                    f"{ratio:.2f} x", ratio >= 0.7))
     for t in r.get("takeover", []):
         if t["p95"] is not None:
             mode = "fast takeover" if t["fast_takeover"] else "lease only"
@@ -72,6 +77,16 @@ def markdown(r: dict[str, Any]) -> str:
                          f"{c['done']}/{c['runs']} |")
         notes = [f"{c['name']}: {n}" for c in r["throughput"] for n in c["notes"]]
         lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
+    if r.get("throughput_model"):
+        tm = r["throughput_model"]
+        plain = tm[0]["runs_per_s"] or 1.0
+        lines += [f"### With a model that takes {r['params'].get('model_ms', '?')} ms per step", "",
+                  f"The same, {tm[0]['runs']} runs, the stub model sleeping like a provider call: the machinery's cost "
+                  "next to the work it protects.", "",
+                  "| contender | runs/s | steps/s | x plain Celery | done |", "|---|---|---|---|---|"]
+        lines += [f"| {c['name']} | {_f(c['runs_per_s'])} | {_f(c['steps_per_s'])} | {c['runs_per_s'] / plain:.2f} | "
+                  f"{c['done']}/{c['runs']} |" for c in tm]
+        lines.append("")
     if r.get("breakdown"):
         lines += ["## Where a fenced step's time goes", "",
                   "Deliveries run in the benchmark process with a timer on every round trip (ms per step, "

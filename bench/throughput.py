@@ -26,7 +26,6 @@ from typing import Any
 
 from bench.work import QUERY, STEPS_PER_RUN
 
-WORKER_ENV = {"FENCED_STUB_STEP_MS": "0", "FENCED_STUB_TOOL_MS": "0"}
 WARMUP = 5
 
 
@@ -70,6 +69,11 @@ class Params:
     concurrency: int = 4
     timeout_s: float = 300.0
     log_dir: Path = Path(".")
+    step_ms: int = 0  # the stub model's latency per step in the workers
+
+    @property
+    def worker_env(self) -> dict[str, str]:
+        return {"FENCED_STUB_STEP_MS": str(self.step_ms), "FENCED_STUB_TOOL_MS": "0"}
 
 
 def wait_until(done: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.02) -> None:
@@ -84,7 +88,7 @@ def wait_until(done: Callable[[], bool], timeout_s: float, what: str, every_s: f
 def celery_workers(p: Params, tag: str, app: str) -> Iterator[None]:
     from fenced.workers import WorkerProcess
 
-    workers = [WorkerProcess(f"{tag}{i}", env=WORKER_ENV, log_path=p.log_dir / f"{tag}{i}.log",
+    workers = [WorkerProcess(f"{tag}{i}", env=p.worker_env, log_path=p.log_dir / f"{tag}{i}.log",
                              concurrency=p.concurrency, app=app) for i in range(1, p.workers + 1)]
     try:
         for w in workers:
@@ -204,7 +208,7 @@ def dbos_workers(p: Params, db_url: str) -> Iterator[None]:
             procs.append((subprocess.Popen(
                 [sys.executable, "-m", "bench.dbos_app", "--db-url", db_url, "--concurrency", str(p.concurrency),
                  "--executor-id", f"bench-{i}"], stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **WORKER_ENV, "PYTHONUNBUFFERED": "1"}, start_new_session=True), log))
+                env={**os.environ, **p.worker_env, "PYTHONUNBUFFERED": "1"}, start_new_session=True), log))
             # One at a time: each process migrates the system database on launch.
             log_path = p.log_dir / f"dbos{i}.log"
 

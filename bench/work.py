@@ -1,9 +1,9 @@
 """The work every contender does per step, so only the machinery around it differs.
 
-One step = one call of the demo agent's stub model (zero latency unless FENCED_STUB_STEP_MS says
-otherwise) and its read-only tools (catalog search, compare). Fenced runs get exactly this from
-`tasks.step.StepRunner`; plain Celery and DBOS call `agent_step` below. The query has no buying word,
-so no run has a side effect (a cart card) the baselines would have to imitate.
+One step = one call of the demo agent's stub model (it sleeps FENCED_STUB_STEP_MS, which the benchmark
+sets to 0 or to a realistic model latency) and its read-only tools (catalog search, compare). Fenced
+runs get exactly this from `tasks.step.StepRunner`; plain Celery and DBOS call `agent_step` below.
+The query has no buying word, so no run has a side effect (a cart card) the baselines would imitate.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ STEPS_PER_RUN = len(STEPS)
 
 def agent_step(run_id: str, step: int, history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """Run step `step`; returns the history with it appended, and the answer once the run is final."""
-    decision = StubModel(step_ms=0).decide(AgentContext(run_id, QUERY, "normal", step, history))
+    decision = StubModel().decide(AgentContext(run_id, QUERY, "normal", step, history))
     results = {c.id: TOOLS[c.name].fn(None, c.args) for c in decision.tool_calls}  # type: ignore[arg-type]
     entry = {"step": step, "name": decision.name, "text": decision.text,
              "tool_calls": [c.__dict__ for c in decision.tool_calls], "results": results}

@@ -12,8 +12,8 @@ from pathlib import Path
 from fenced.workers import REPO_ROOT
 
 TARGET = "checkpoints/runs.py"
-FENCED = "run_checkpoints.c.run_id == run_id, run_checkpoints.c.epoch == epoch,"
-UNFENCED = "run_checkpoints.c.run_id == run_id,"
+FENCED = '_rc.epoch == sa.bindparam("w_epoch"),\n    ).values({c:'  # in _fenced_update, the fenced write
+UNFENCED = '\n    ).values({c:'
 
 
 def mutated_copy(dest: Path) -> Path:

@@ -13,6 +13,8 @@ from sqlalchemy.engine import Connection
 from checkpoints.db import in_txn, transaction
 from checkpoints.schema import run_ledger
 
+_INSERT = run_ledger.insert()  # built once: constructing a statement per call costs ~0.1 ms of CPU
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -29,10 +31,10 @@ class Entry:
 def record_txn(conn: Connection, run_id: str, epoch: int, actor: str, kind: str, reason: str,
                detail: dict[str, Any] | None = None) -> None:
     """Add one entry inside the caller's transaction (so it commits with the decision it explains)."""
-    conn.execute(run_ledger.insert().values(
-        run_id=run_id, at_ms=int(time.time() * 1000), epoch=epoch, actor=actor, kind=kind, reason=reason,
-        detail=json.dumps(detail, sort_keys=True, default=str) if detail else None,
-    ))
+    conn.execute(_INSERT, {
+        "run_id": run_id, "at_ms": int(time.time() * 1000), "epoch": epoch, "actor": actor, "kind": kind,
+        "reason": reason, "detail": json.dumps(detail, sort_keys=True, default=str) if detail else None,
+    })
 
 
 def record(run_id: str, epoch: int, actor: str, kind: str, reason: str,

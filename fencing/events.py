@@ -32,25 +32,33 @@ class Event:
 
 
 def append(run_id: str, epoch: int, eid: str, type_: str, step: int, data: dict[str, Any] | None = None,
-           client: redis.Redis | None = None) -> str:
+           client: redis.Redis | None = None, raise_mirror: bool = False) -> str:
     """Append one event as holder `epoch`; raises FencedOut if a newer epoch owns the run."""
-    return append_many(run_id, epoch, [(eid, type_, step, data or {})], client=client)[-1]
+    return append_many(run_id, epoch, [(eid, type_, step, data or {})], client=client,
+                       raise_mirror=raise_mirror)[-1]
 
 
 def append_many(run_id: str, epoch: int, items: list[tuple[str, str, int, dict[str, Any]]],
-                client: redis.Redis | None = None) -> list[str]:
-    """Append several events in one round trip; all or the first refused raises FencedOut."""
+                client: redis.Redis | None = None, raise_mirror: bool = False) -> list[str]:
+    """Append several events in one round trip; all or the first refused raises FencedOut.
+
+    With `raise_mirror`, the epoch mirror is raised first in the same round trip (a fresh claim's
+    first write to Redis): a mirror already above `epoch` raises FencedOut and nothing is appended."""
     client = client or get_redis()
     scripts = scripts_for(client)
     maxlen = get_settings().events_keep
 
     def build(pipe: redis.client.Pipeline) -> None:
+        if raise_mirror:
+            scripts.queue(pipe, "raise_epoch", [keys.epoch(run_id)], [epoch])
         for eid, type_, step, data in items:
             event = Event(eid, type_, step, epoch, data)
             scripts.queue(pipe, "append_event", [keys.epoch(run_id), keys.events(run_id)],
                           [epoch, maxlen, *event.fields()])
 
     ids = scripts.execute(client, build)
+    if raise_mirror and int(ids.pop(0)) > epoch:
+        raise FencedOut(run_id, epoch, "epoch mirror")
     if any(i is None for i in ids):
         raise FencedOut(run_id, epoch, f"event {items[ids.index(None)][0]}")
     return [str(i) for i in ids]

@@ -41,8 +41,8 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
     rescued = []
     expired: list[str] = client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch)  # type: ignore[assignment]
     for run_id in expired:
-        if not scripts("pop_expired", [keys.LEASE_INDEX], [run_id, now]):
-            continue  # renewed meanwhile, or another reaper took it
+        if not scripts("pop_expired", [keys.LEASE_INDEX, keys.lease(run_id)], [run_id, now]):
+            continue  # renewed meanwhile, still live, or another reaper took it
         # The marker blocks a second rescue for one lease lifetime: the rescued delivery's own lease
         # cannot expire sooner, so a dead rescuer is reaped again on time.
         if rescue(run_id, lease_ttl_ms, "lease expired without a handover", send):

@@ -52,9 +52,11 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
             log.info("claim_lost", run_id=run_id, epoch=run.epoch)
             return "claim_lost"
         blog = log.bind(run_id=run_id, epoch=claim.epoch, step=run.step)
-        if raise_epoch(run_id, claim.epoch) > claim.epoch:
-            raise FencedOut(run_id, claim.epoch, "epoch mirror")
+        # The step raises the epoch mirror with its first event append (one round trip less); a dead
+        # letter appends nothing before its fenced database write, so it raises the mirror here.
         if claim.deliveries > s.max_deliveries:
+            if raise_epoch(run_id, claim.epoch) > claim.epoch:
+                raise FencedOut(run_id, claim.epoch, "epoch mirror")
             dead_letter(claim, f"step {run.step} claimed {claim.deliveries - 1} times without finishing",
                         {"worker": lease.token, "phase": run.phase, "previous_owner": run.owner})
             outcome = "dead"

@@ -58,6 +58,8 @@ class StepRunner:
         self.waited = bool(run.checkpoint.get("waited"))
         self.decision: Decision | None = None
         self.last_event_id = run.last_event_id
+        # The Redis mirror of the epoch fences event appends; it is raised with this claim's first one.
+        self.mirror_raised = False
         self.log = log.bind(run_id=self.run_id, epoch=claim.epoch, step=self.step)
 
     # -- boundaries and events -------------------------------------------------------------------
@@ -67,7 +69,10 @@ class StepRunner:
             raise LeaseLost(self.run_id)
 
     def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> None:
-        self.last_event_id = events.append(self.run_id, self.c.epoch, eid, type_, self.step, data)
+        """Append one event; the claim's first one also raises the epoch mirror (same round trip)."""
+        self.last_event_id = events.append(self.run_id, self.c.epoch, eid, type_, self.step, data,
+                                           raise_mirror=not self.mirror_raised)
+        self.mirror_raised = True
 
     # -- the step --------------------------------------------------------------------------------
     def run(self) -> Outcome:

@@ -105,10 +105,27 @@ def test_pop_expired_removes_only_past_deadlines_once(redis_client):
     scripts = scripts_for(redis_client)
     now = now_ms()
     redis_client.zadd(keys.LEASE_INDEX, {"old": now - 10, "new": now + 10_000})
-    assert scripts("pop_expired", [keys.LEASE_INDEX], ["new", now]) == 0
-    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 1
-    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 0
+    assert scripts("pop_expired", [keys.LEASE_INDEX, keys.lease("new")], ["new", now]) == 0
+    assert scripts("pop_expired", [keys.LEASE_INDEX, keys.lease("old")], ["old", now]) == 1
+    assert scripts("pop_expired", [keys.LEASE_INDEX, keys.lease("old")], ["old", now]) == 0
     assert redis_client.zrange(keys.LEASE_INDEX, 0, -1) == ["new"]
+
+
+def test_a_lease_that_outlives_its_index_entry_stays_watched(redis_client):
+    """Found by the 3 s lease benchmark: the client computes the deadline before the server sets PX,
+    so under load a reaper could pop an entry whose lease still lived for a few ms; its rescue was
+    refused and the run waited for the sweeper. Now the entry moves to the lease's real expiry."""
+    from fencing import reaper
+
+    now = now_ms()
+    redis_client.set(keys.lease("late"), "holder", px=400)
+    redis_client.zadd(keys.LEASE_INDEX, {"late": now - 1})
+    sent: list[str] = []
+    assert reaper.reap(sent.append, 400) == [] and sent == []
+    deadline = redis_client.zscore(keys.LEASE_INDEX, "late")
+    assert deadline is not None and deadline > now, "the entry must stay, at the lease's own expiry"
+    time.sleep(0.45)
+    assert reaper.reap(sent.append, 400) == ["late"] == sent
 
 
 def test_every_script_declares_its_contract():
