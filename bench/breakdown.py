@@ -107,7 +107,36 @@ def measure(runs: int) -> dict[str, Any]:
     others = [d["total"] - sum(v for k, v in d.items() if k != "total") for d in timers.deliveries]
     pieces["other (Python, logging)"] = summary(others)
     return {"steps": len(totals), "total": summary(totals), "pieces": pieces,
-            "plain_step": plain_in_process(runs)}
+            "plain_step": plain_in_process(runs), **cpu_profile(runs)}
+
+
+def cpu_profile(runs: int, top: int = 25) -> dict[str, Any]:
+    """This process's CPU per fenced step (no timers), and where it goes: cProfile's top functions by
+    internal time over the same kind of deliveries (the profiler costs time itself; compare shares)."""
+    import cProfile
+    import io
+    import pstats
+
+    from tasks import submit_run
+
+    half = max(1, runs // 2)
+    ids = [submit_run(f"cpu-{i}-{time.time_ns()}", QUERY) for i in range(2 + 2 * half)]
+    for run_id in ids[:2]:
+        drive(run_id, lambda _ms: None)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for run_id in ids[2:2 + half]:
+        drive(run_id, lambda _ms: None)
+    steps = STEPS_PER_RUN * half
+    cpu_ms, wall_ms = (time.process_time() - cpu) * 1000 / steps, (time.perf_counter() - wall) * 1000 / steps
+    profile = cProfile.Profile()
+    profile.enable()
+    for run_id in ids[2 + half:]:
+        drive(run_id, lambda _ms: None)
+    profile.disable()
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(top)
+    return {"cpu_ms_per_step": round(cpu_ms, 2), "wall_ms_per_step": round(wall_ms, 2),
+            "profile": out.getvalue().strip()}
 
 
 def drive(run_id: str, each: Callable[[float], None],
@@ -142,15 +171,18 @@ def drive(run_id: str, each: Callable[[float], None],
 
 def plain_in_process(runs: int) -> dict[str, Any]:
     """The plain task's step in this process: the same work plus one Celery send (no broker round trip
-    to receive it); per-step ms."""
+    to receive it); per-step ms, and this process's CPU per step."""
     from bench.plain_app import plain_step
     from bench.work import agent_step
     from fencing.connection import get_redis
     from tasks import queues
 
     values = []
+    cpu = 0.0
     for i in range(runs + 2):
         history: list[dict[str, Any]] = []
+        if i == 2:
+            cpu = time.process_time()
         for step in range(STEPS_PER_RUN):
             t = time.perf_counter()
             history, answer = agent_step(f"p{i}", step, history)
@@ -160,4 +192,4 @@ def plain_in_process(runs: int) -> dict[str, Any]:
             if i >= 2:
                 values.append((time.perf_counter() - t) * 1000)
     get_redis().delete(queues.CONTINUE)
-    return summary(values)
+    return {**summary(values), "cpu_ms_per_step": round((time.process_time() - cpu) * 1000 / len(values), 2)}

@@ -37,6 +37,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (it needs PostgreSQL and `dbos`)")
     p.add_argument("--results", type=Path, help="where the JSON goes (default bench/results)")
     p.add_argument("--docs", type=Path, help="where benchmarks.md and .png go (default docs; smoke: --results)")
+    p.add_argument("--render", type=Path, metavar="JSON", help="only write the markdown and PNG from saved results")
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
     unknown = set(args.only) - set(SECTIONS)
@@ -51,6 +52,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.render:
+        _render(json.loads(args.render.read_text()), args.docs)
+        return 0
     from bench.stores import BenchStores, machine, using
 
     started = time.monotonic()
@@ -153,19 +157,28 @@ def _healthy(r: dict[str, Any]) -> bool:
 
 
 def _write(r: dict[str, Any], args: argparse.Namespace) -> None:
-    from bench.report import markdown, plot
-
     args.results.mkdir(parents=True, exist_ok=True)
     stem = "smoke" if r["smoke"] else f"bench-{r['date'][:10]}"
     text = json.dumps(r, indent=1, default=str)
     (args.results / f"{stem}.json").write_text(text)
     if not r["smoke"]:
         (args.results / "latest.json").write_text(text)
-    args.docs.mkdir(parents=True, exist_ok=True)
-    md = markdown(r).replace("](", "](")
-    (args.docs / "benchmarks.md").write_text(md + "\n![benchmarks](benchmarks.png)\n")
-    plot(r, args.docs / "benchmarks.png")
-    print(md)
+    for store, b in r.get("breakdown", {}).items():
+        if "profile" in b:
+            (args.results / f"profile-{store}{'-smoke' if r['smoke'] else ''}.txt").write_text(
+                f"cProfile of in-process fenced deliveries on {store}, {r['date']} (by own time)\n\n{b['profile']}\n")
+    print(_render(r, args.docs))
+
+
+def _render(r: dict[str, Any], docs: Path) -> str:
+    """Write benchmarks.md and benchmarks.png under `docs`; returns the markdown."""
+    from bench.report import markdown, plot
+
+    docs.mkdir(parents=True, exist_ok=True)
+    md = markdown(r)
+    (docs / "benchmarks.md").write_text(md + "\n![benchmarks](benchmarks.png)\n")
+    plot(r, docs / "benchmarks.png")
+    return md
 
 
 def _progress(started: float) -> Any:

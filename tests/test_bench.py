@@ -26,8 +26,12 @@ def test_smoke_run_measures_every_section(tmp_path):
         assert c["done"] == c["runs"] == 20 and c["runs_per_s"] > 0, c
         assert c["latency_ms"]["n"] == 5 and c["latency_ms"]["p50"] > 0, c
         assert not c["failed_checks"], c
+    model = r["throughput_model"]
+    assert [c["name"] for c in model] == names and all(c["done"] == c["runs"] == 8 for c in model)
     for store in ("mariadb", "sqlite"):
         b = r["breakdown"][store]
+        assert b["cpu_ms_per_step"] > 0 and "function calls" in b["profile"]
+        assert (tmp_path / f"profile-{store}-smoke.txt").exists()
         assert b["steps"] == 12  # 3 runs x 4 steps
         for piece in ("claim (epoch + 1)", "checkpoint A", "checkpoint B", "events", "send"):
             assert b["pieces"][piece]["p50"] > 0, (store, piece)
@@ -44,7 +48,8 @@ def test_smoke_run_measures_every_section(tmp_path):
     (t,) = r["takeover"]
     assert t["ok"] and t["n"] > 0 and t["p95"] < t["target_p95_ms"], t
     md = (tmp_path / "benchmarks.md").read_text()
-    for heading in ("## Targets", "## Throughput and latency", "## Where a fenced step's time goes",
+    for heading in ("## Targets", "## Throughput and latency", "### With a model that takes 200 ms",
+                    "## Where a fenced step's time goes",
                     "## Takeover latency", "## Detection cost", "## Checkpoint size", "Smoke run"):
         assert heading in md
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
