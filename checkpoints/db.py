@@ -56,7 +56,7 @@ def _make_engine(url: str) -> Engine:
     # No pool_pre_ping: it is a round trip before every transaction (4 per step). A connection that
     # died with the server fails its first statement instead; every write runs in `in_txn` (and
     # get_run under db_retry), which retries on the fresh connection the pool then hands out.
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_pre_ping=False,
         # Every transaction() ends in COMMIT or ROLLBACK, and Connection.close() rolls back a transaction
@@ -68,6 +68,20 @@ def _make_engine(url: str) -> Engine:
         connect_args={"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30},
         isolation_level="READ COMMITTED",
     )
+    idle_s = get_settings().db_idle_txn_timeout_s
+
+    @event.listens_for(engine, "connect")
+    def _bound_idle_transactions(dbapi_conn: Any, _record: Any) -> None:
+        # A worker frozen (SIGSTOP, VM pause) in the middle of a transaction keeps its row locks, and
+        # the worker taking the run over would wait on them for as long as the freeze lasts. MariaDB
+        # rolls back a transaction idle this long and drops the session; ours never idle (no I/O inside
+        # a transaction), and a killed one is retried by in_txn like any lost connection.
+        if idle_s and "mariadb" in dbapi_conn.get_server_info().lower():
+            cur = dbapi_conn.cursor()
+            cur.execute(f"SET SESSION idle_transaction_timeout = {int(idle_s)}")
+            cur.close()
+
+    return engine
 
 
 def dispose_all() -> None:

@@ -18,6 +18,8 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Leases, epoch mirror, events, broker")
     broker_url: str = Field("", description="Celery broker; empty = same as redis_url")
     db_url: str = Field("sqlite:///fenced.db", description="The run store (MySQL/MariaDB or SQLite)")
+    db_idle_txn_timeout_s: int = Field(
+        5, ge=0, description="MariaDB rolls back a transaction idle this long (a frozen worker's row locks); 0 = off")
 
     # Leases and liveness.
     lease_ttl_ms: int = Field(30_000, gt=0, description="Lease lifetime without renewal")

@@ -150,3 +150,33 @@ def test_dead_letter_keeps_attempts(store):
     assert (row.state, row.error_class) == ("dead", "dead")
     assert hold(run.run_id)["state"] == "held", "kept for a replay; the sweeper settles it if none comes"
     assert "dead_lettered" in [e.kind for e in ledger.history(run.run_id)]
+
+
+def test_a_holder_frozen_inside_a_transaction_does_not_block_the_takeover(mysql_store, monkeypatch):
+    """Found by the zombie scenario once steps got faster: a worker frozen between an UPDATE and its
+    COMMIT keeps the run row locked, and the worker taking over waited as long as the freeze lasted.
+    MariaDB now rolls such a transaction back after db_idle_txn_timeout_s and drops the session."""
+    import time
+
+    from checkpoints.db import _make_engine, dispose_all
+    from fenced.settings import get_settings
+
+    monkeypatch.setenv("FENCED_DB_IDLE_TXN_TIMEOUT_S", "2")
+    get_settings.cache_clear()
+    dispose_all()
+    run = new_run()
+    frozen = _make_engine(get_settings().db_url)  # another session, like another worker's
+    conn = frozen.connect()
+    trx = conn.begin()
+    conn.execute(sa.text("UPDATE run_checkpoints SET updated_at_ms = 1 WHERE run_id = :r"), {"r": run.run_id})
+    # ... and the "worker" freezes here, row locked, transaction open.
+    started = time.monotonic()
+    claim = runs.claim(run, "taker")
+    waited = time.monotonic() - started
+    assert claim is not None and claim.epoch == 1
+    assert 1.5 < waited < 15, f"the takeover waited {waited:.1f} s on a frozen transaction"
+    with pytest.raises(sa.exc.OperationalError):  # the frozen session was dropped, its write rolled back
+        conn.execute(sa.text("SELECT 1"))
+        trx.commit()
+    frozen.dispose()
+    assert runs.get_run(run.run_id).updated_at_ms != 1
