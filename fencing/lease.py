@@ -67,7 +67,12 @@ class Lease:
             pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms}, gt=True)
             register(pipe, [self.run_id], self.process)
 
-        return bool(scripts.execute(client, build)[0])
+        taken = bool(scripts.execute(client, build)[0])
+        if not taken:
+            # Not ours after all: keep the process's set to what it holds (a lease this process does
+            # hold through another delivery is added back by the watchdog's next renewal).
+            client.srem(keys.held_by(self.process), self.run_id)
+        return taken
 
     def release(self, handoff_step: int | None = None, client: redis.Redis | None = None) -> bool:
         """Drop the lease, or leave a handoff for step `handoff_step` that expires like a lease."""

@@ -195,6 +195,8 @@ def test_presumed_dead_process_is_found_from_its_own_lease_set(redis_client, mon
         other = Lease("not-mine", 5000, token="other-host:1:abc/xyz")
         assert other.acquire(0)
         assert redis_client.smembers(keys.held_by(process_token())) == {"held0", "held1", "held2"}
+        assert not Lease("not-mine", 5000).acquire(0), "someone else holds it"
+        assert "not-mine" not in redis_client.smembers(keys.held_by(process_token())), "a refused acquire holds nothing"
         assert mine[2].release(None)
         assert redis_client.smembers(keys.held_by(process_token())) == {"held0", "held1"}
         sent: list[str] = []
