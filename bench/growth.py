@@ -114,6 +114,19 @@ def seed(n: int) -> list[str]:
     return ids
 
 
+def age_rows() -> None:
+    """Make every simulated run look quiet for an hour (as a long step's row does)."""
+    import sqlalchemy as sa
+
+    from checkpoints.db import transaction
+    from checkpoints.runs import now_ms
+    from checkpoints.schema import run_checkpoints
+
+    with transaction() as conn:
+        conn.execute(sa.update(run_checkpoints).where(run_checkpoints.c.user_id == "growth")
+                     .values(updated_at_ms=now_ms() - 3_600_000))
+
+
 def clear() -> None:
     import sqlalchemy as sa
 
@@ -155,7 +168,7 @@ def measure(sizes: tuple[int, ...]) -> dict[str, Any]:
         seed(n)
         client.zadd(keys.PROCESSES, {process_token(): now_ms()})
         get_redis().ping()  # our named connection is open: the liveness check sees us alive
-        rows.append({
+        row = {
             "in_flight": n,
             "reaper, none expired": tick_cost(lambda: reaper.reap(send, s.lease_ttl_ms)),
             f"reaper, {EXPIRED_PER_TICK} expired": tick_cost(lambda: reaper.reap(send, s.lease_ttl_ms), expire_some),
@@ -164,7 +177,12 @@ def measure(sizes: tuple[int, ...]) -> dict[str, Any]:
                                         lambda: client.delete(keys.LIVENESS_LOCK)),
             "presumed dead (5 leases)": tick_cost(lambda: liveness.presume_dead(DEAD, send),
                                                   dead_holder),
-        })
+        }
+        # Steps longer than the sweeper's grace: every row looks quiet, every lease is live. The sweep
+        # checks them (up to its limit) and must rescue none.
+        age_rows()
+        row["sweeper, every row quiet past its grace"] = tick_cost(lambda: sweeper.sweep(send, force=True))
+        rows.append(row)
     clear()
     renewals = []
     wd = Watchdog(s.heartbeat_ms)  # not started: renew_all is called by hand

@@ -44,6 +44,8 @@ def test_smoke_run_measures_every_section(tmp_path):
         assert small[tick]["redis_cmds"] == big[tick]["redis_cmds"], f"{tick} grew with runs in flight"
     assert small["presumed dead (5 leases)"]["rescued"] == big["presumed dead (5 leases)"]["rescued"] == 5
     assert small["reaper, 10 expired"]["rescued"] == 10
+    quiet = "sweeper, every row quiet past its grace"
+    assert small[quiet]["rescued"] == big[quiet]["rescued"] == 0, "a live lease must keep the sweeper away"
     assert all(x["round_trips"] == 1 for x in r["growth"]["renewal"]), "renewal must be one batch per process"
     (t,) = r["takeover"]
     assert t["ok"] and t["n"] > 0 and t["p95"] < t["target_p95_ms"], t
