@@ -151,7 +151,7 @@ def test_watchdog_renews_in_one_batch_and_marks_lost_leases(redis_client):
     assert redis_client.zscore(keys.LEASE_INDEX, "w1") > now_ms()
 
 
-def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client):
+def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client, monkeypatch):
     """Pipelined scripts go as plain EVALSHA (no SCRIPT EXISTS before each execute); after the server
     lost its scripts (restart, SCRIPT FLUSH) they are loaded and the pipeline is sent again, once."""
     import redis.connection
@@ -168,12 +168,10 @@ def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client
         trips.append(command)
         return original(self, command, check_health)
 
-    redis.connection.AbstractConnection.send_packed_command = counting
-    try:
+    with monkeypatch.context() as m:
+        m.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
         events.append("f1", 1, "e1", "step_started", 0, {})
         assert a.release(1)
-    finally:
-        redis.connection.AbstractConnection.send_packed_command = original
     assert len(trips) == 2, f"one event append and one release: expected 2 round trips, saw {len(trips)}"
     assert [e.eid for e in events.read("f1")] == ["e1"], "a retried pipeline must not append twice"
     assert redis_client.get(keys.lease("f1")) == handoff_value(1)

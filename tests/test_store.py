@@ -179,4 +179,5 @@ def test_a_holder_frozen_inside_a_transaction_does_not_block_the_takeover(mysql_
         conn.execute(sa.text("SELECT 1"))
         trx.commit()
     frozen.dispose()
-    assert runs.get_run(run.run_id).updated_at_ms != 1
+    after = runs.get_run(run.run_id)
+    assert after is not None and after.updated_at_ms != 1
