@@ -11,7 +11,6 @@ fresh SQLite file, as the demo does. The table goes to stdout and to bench/resul
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import sys
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from bench.stats import pct
 
 if TYPE_CHECKING:
     from checkpoints.runs import Run
@@ -55,12 +56,6 @@ class Measured:
     verified: int = 0
     runs: int = 0
     wall_s: float = 0.0
-
-
-def pct(values: list[int], p: float) -> int:
-    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def flood_order(n_normal: int, n_large: int) -> list[str]:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
+
+from chaos.report import percentile
 
 
-def pct(values: list[float], p: float) -> float:
-    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+def pct(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of a non-empty list (chaos.report.percentile)."""
+    value = percentile(values, p)
+    if value is None:
+        raise ValueError("no values")
+    return value
 
 
 def summary(values: list[float]) -> dict[str, float | int | None]:

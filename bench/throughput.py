@@ -76,12 +76,12 @@ class Params:
         return {"FENCED_STUB_STEP_MS": str(self.step_ms), "FENCED_STUB_TOOL_MS": "0"}
 
 
-def wait_until(done: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(every_s)
+def wait_until(done: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.02) -> None:
+    """chaos.harness.wait_for, raising TimeoutError naming `what` if it never happens."""
+    from chaos.harness import wait_for
+
+    if not wait_for(done, timeout_s, every_s):
+        raise TimeoutError(f"{what} did not happen within {timeout_s:g} s")
 
 
 @contextmanager

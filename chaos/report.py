@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 
-def percentile(values: list[float], p: float) -> float | None:
+def percentile(values: Sequence[float], p: float) -> float | None:
     """Nearest-rank percentile (p in 0..100), None for no values."""
     if not values:
         return None

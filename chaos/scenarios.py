@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 
 from chaos.harness import (
@@ -46,12 +47,23 @@ def _submit() -> Callable[[str, str], str]:
     return lambda user, query: submit_run(f"{user}-{nonce}", query)
 
 
+@contextmanager
+def _cluster(cfg: ChaosConfig, faults_armed: bool = False) -> Iterator[tuple[Cluster, Callable[[str, str], str]]]:
+    """A scenario's cluster (closed at the end, whatever happened) and its submit; disarms the fault
+    points afterwards when the scenario armed any."""
+    cluster = Cluster(cfg)
+    try:
+        yield cluster, _submit()
+    finally:
+        if faults_armed:
+            clear_faults()
+        cluster.close()
+
+
 def kill(cfg: ChaosConfig, rounds: int = 30, runs: int = 6, progress: Progress = print) -> ScenarioResult:
     """SIGKILL the worker holding the most runs at one of four moments, every round; judge every run."""
     result = ScenarioResult("kill", {"rounds": rounds, "runs": runs, "lease_ms": cfg.lease_ms})
-    cluster = Cluster(cfg)
-    submit = _submit()
-    try:
+    with _cluster(cfg, faults_armed=True) as (cluster, submit):
         cluster.start(2)
         control = control_charge(submit, cfg.timeout_s)
         for rnd in range(rounds):
@@ -73,9 +85,6 @@ def kill(cfg: ChaosConfig, rounds: int = 30, runs: int = 6, progress: Progress =
                 else:
                     result.latency("whole-worker kill", at - kill_ms)
             progress(f"kill round {rnd + 1}/{rounds} ({moment}): {len(held)} runs held by the killed worker")
-    finally:
-        clear_faults()
-        cluster.close()
     return result
 
 
@@ -123,9 +132,7 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
     first write after SIGCONT is the database's fenced UPDATE."""
     result = ScenarioResult("zombie", {"times": times, "lease_ms": cfg.lease_ms})
     slow = ChaosConfig(**{**cfg.__dict__, "step_ms": max(cfg.step_ms, 1500)})
-    cluster = Cluster(slow)
-    submit = _submit()
-    try:
+    with _cluster(slow, faults_armed=True) as (cluster, submit):
         cluster.start(2)
         for i in range(times):
             self_stop = i % 2 == 1
@@ -156,9 +163,6 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
                 result.fail(run_id, "zombie", "the frozen holder wrote the terminal state")
             how = "stopped itself before checkpoint A" if self_stop else "SIGSTOP mid-step"
             progress(f"zombie {i + 1}/{times} ({how}): {'refused' if refused else 'NOT refused'}")
-    finally:
-        clear_faults()
-        cluster.close()
     return result
 
 
@@ -182,9 +186,7 @@ def _refused(run_id: str, tokens: set[str]) -> bool:
 def wipe(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> ScenarioResult:
     """FLUSHALL while runs are in flight: every run still finishes, through the sweeper."""
     result = ScenarioResult("wipe", {"runs": runs, "lease_ms": cfg.lease_ms})
-    cluster = Cluster(cfg)
-    submit = _submit()
-    try:
+    with _cluster(cfg) as (cluster, submit):
         cluster.start(2)
         ids = [submit(f"wipe-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
         wait_for(lambda: sum(r.step >= 1 for r in rows(ids)) >= runs // 2, 60)
@@ -192,8 +194,6 @@ def wipe(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> Scenari
         progress("wipe: Redis flushed with runs in flight")
         wait_terminal(ids, cfg.timeout_s + get_settings().sweeper_grace_ms / 1000)
         judge(result, ids, None, check_events=False)
-    finally:
-        cluster.close()
     return result
 
 
@@ -204,9 +204,7 @@ def db_restart(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> S
     if not get_settings().is_mysql or not db.available():
         result.notes.append("skipped: the run store is not a local MariaDB this harness can restart")
         return result
-    cluster = Cluster(cfg)
-    submit = _submit()
-    try:
+    with _cluster(cfg) as (cluster, submit):
         cluster.start(2)
         control = control_charge(submit, cfg.timeout_s)
         ids = [submit(f"db-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
@@ -215,17 +213,13 @@ def db_restart(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> S
         progress(f"db-restart: MariaDB down 3 s, answering again after {back_s:.1f} s")
         wait_terminal(ids, cfg.timeout_s + 60)
         judge(result, ids, control)
-    finally:
-        cluster.close()
     return result
 
 
 def poison(cfg: ChaosConfig, runs: int = 5, progress: Progress = print) -> ScenarioResult:
     """A run that kills its process every time goes dead after 3 deliveries; its neighbours finish."""
     result = ScenarioResult("poison", {"runs": runs, "lease_ms": cfg.lease_ms})
-    cluster = Cluster(cfg)
-    submit = _submit()
-    try:
+    with _cluster(cfg) as (cluster, submit):
         cluster.start(2, pool="prefork")
         bad = submit("poison", "buy [poison] headphones")
         ids = [submit(f"neighbour-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
@@ -233,17 +227,13 @@ def poison(cfg: ChaosConfig, runs: int = 5, progress: Progress = print) -> Scena
         judge(result, [bad], None, expect="dead")
         judge(result, ids, None)
         progress(f"poison: dead-lettered; {runs} neighbours judged")
-    finally:
-        cluster.close()
     return result
 
 
 def rolling(cfg: ChaosConfig, runs: int = 12, progress: Progress = print) -> ScenarioResult:
     """Restart every worker in turn (SIGTERM, drain, start) under load: no run is interrupted or lost."""
     result = ScenarioResult("rolling", {"runs": runs, "lease_ms": cfg.lease_ms})
-    cluster = Cluster(cfg)
-    submit = _submit()
-    try:
+    with _cluster(cfg) as (cluster, submit):
         nodes = cluster.start(3)
         ids = [submit(f"rolling-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
         for node in nodes:
@@ -256,8 +246,6 @@ def rolling(cfg: ChaosConfig, runs: int = 12, progress: Progress = print) -> Sce
         for run_id in ids:
             if any(e.kind == "takeover" for e in ledger.history(run_id)):
                 result.fail(run_id, "rolling", "interrupted: a drain should finish the step, not leave it")
-    finally:
-        cluster.close()
     return result
 
 
@@ -267,9 +255,7 @@ def child_kill(cfg: ChaosConfig, times: int = 10, progress: Progress = print) ->
 
     result = ScenarioResult("child-kill", {"times": times, "lease_ms": cfg.lease_ms})
     slow = ChaosConfig(**{**cfg.__dict__, "step_ms": max(cfg.step_ms, 800)})
-    cluster = Cluster(slow)
-    submit = _submit()
-    try:
+    with _cluster(slow) as (cluster, submit):
         [parent] = cluster.start(1, pool="prefork", prefix="p")
         cluster.start(1)
         for i in range(times):
@@ -294,8 +280,6 @@ def child_kill(cfg: ChaosConfig, times: int = 10, progress: Progress = print) ->
                 result.latency("pool child kill", at - kill_ms)
             judge(result, [run_id], None)
             progress(f"child-kill {i + 1}/{times}")
-    finally:
-        cluster.close()
     return result
 
 
@@ -303,9 +287,7 @@ def redis_blip(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> S
     """Drop every client connection of Redis (CLIENT KILL), as a restart that keeps its data or a network
     blip would, five times under load: every run finishes, and fast takeover's false positives are counted."""
     result = ScenarioResult("redis-blip", {"runs": runs, "lease_ms": cfg.lease_ms})
-    cluster = Cluster(cfg)
-    submit = _submit()
-    try:
+    with _cluster(cfg) as (cluster, submit):
         cluster.start(2)
         ids = [submit(f"blip-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
         wait_for(lambda: sum(r.step >= 1 for r in rows(ids)) >= 1, 60)
@@ -315,8 +297,6 @@ def redis_blip(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> S
             time.sleep(1)
         wait_terminal(ids, cfg.timeout_s)
         judge(result, ids, None)
-    finally:
-        cluster.close()
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -23,56 +24,55 @@ class LivenessStep(bootsteps.StartStopStep):
 
     def start(self, worker: Any) -> None:
         s = get_settings()
-        self.refs = [
-            worker.timer.call_repeatedly(s.reaper_tick_ms / 1000, self.reap),
-            worker.timer.call_repeatedly(min(s.sweeper_interval_ms, s.sweeper_grace_ms) / 1000, self.sweep),
-            worker.timer.call_repeatedly(s.large_promote_every_ms / 1000, self.promote),
-        ]
+        ticks = [(s.reaper_tick_ms, "reaper", _reap),
+                 (min(s.sweeper_interval_ms, s.sweeper_grace_ms), "sweeper", _sweep),
+                 (s.large_promote_every_ms, "promoter", _promote)]
         if s.fast_takeover:
-            self.refs.append(worker.timer.call_repeatedly(s.liveness_tick_ms / 1000, self.check_connections))
+            ticks.append((s.liveness_tick_ms, "liveness", _check_connections))
+        self.refs = [worker.timer.call_repeatedly(ms / 1000, _guarded(name, fn)) for ms, name, fn in ticks]
 
     def stop(self, worker: Any) -> None:
         for ref in self.refs:
             ref.cancel()
         self.refs = []
 
-    @staticmethod
-    def check_connections() -> None:
-        from fencing.liveness import check_connections
-        from tasks.app import send_rescue
 
+def _guarded(name: str, tick: Callable[[], object]) -> Callable[[], None]:
+    """`tick`, logging instead of raising: a failed tick must never kill the worker's timer."""
+
+    def run() -> None:
         try:
-            check_connections(send_rescue)
+            tick()
         except Exception as exc:
-            log.warning("liveness_tick_failed", error=repr(exc))
+            log.warning(f"{name}_tick_failed", error=repr(exc))
 
-    @staticmethod
-    def reap() -> None:
-        from fencing.reaper import reap
-        from tasks.app import send_rescue
+    return run
 
-        try:
-            reap(send_rescue, get_settings().lease_ttl_ms)
-        except Exception as exc:  # a tick must never kill the timer
-            log.warning("reaper_tick_failed", error=repr(exc))
 
-    @staticmethod
-    def sweep() -> None:
-        from fencing.sweeper import sweep
-        from tasks.app import send_rescue
+def _check_connections() -> object:
+    from fencing.liveness import check_connections
+    from tasks.app import send_rescue
 
-        try:
-            sweep(send_rescue)
-        except Exception as exc:
-            log.warning("sweeper_tick_failed", error=repr(exc))
+    return check_connections(send_rescue)
 
-    @staticmethod
-    def promote() -> None:
-        from fencing.fairness import promote_large
-        from tasks import queues
 
-        try:
-            # One worker per interval (a SET NX PX lock inside), so the pace does not grow with the pool.
-            promote_large(queues.LARGE, queues.NORMAL, get_settings().large_promote_every_ms)
-        except Exception as exc:
-            log.warning("promoter_tick_failed", error=repr(exc))
+def _reap() -> object:
+    from fencing.reaper import reap
+    from tasks.app import send_rescue
+
+    return reap(send_rescue, get_settings().lease_ttl_ms)
+
+
+def _sweep() -> object:
+    from fencing.sweeper import sweep
+    from tasks.app import send_rescue
+
+    return sweep(send_rescue)
+
+
+def _promote() -> object:
+    from fencing.fairness import promote_large
+    from tasks import queues
+
+    # One worker per interval (a SET NX PX lock inside), so the pace does not grow with the pool.
+    return promote_large(queues.LARGE, queues.NORMAL, get_settings().large_promote_every_ms)

@@ -15,7 +15,7 @@ from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms
 from fencing.watchdog import get_watchdog
-from tasks.step import StepRunner, dead_letter
+from tasks.step import FINAL_EVENTS, StepRunner, dead_letter
 
 log = structlog.get_logger("tasks.delivery")
 
@@ -91,10 +91,6 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "db_unavailable", "error"))
         if handoff is not None:
             send_next(run_id, handoff)
-
-
-FINAL_EVENTS = {"done": ("run:done", "run_done"), "failed": ("run:failed", "run_failed"),
-                "dead": ("run:dead", "run_dead")}
 
 
 def _repair_final_event(run: runs.Run) -> None:

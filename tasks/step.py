@@ -27,6 +27,10 @@ from tasks.agent.tools import ToolContext, run_tool
 
 log = structlog.get_logger("tasks.step")
 
+# A run's last event by how it ended: (event id, type). The id is fixed, so a repaired one merges.
+FINAL_EVENTS = {"done": ("run:done", "run_done"), "failed": ("run:failed", "run_failed"),
+                "dead": ("run:dead", "run_dead")}
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -176,7 +180,7 @@ class StepRunner:
         charge = runs.finish(self.c, "done", self._checkpoint(), self.usage, self.last_event_id,
                              answer=decision.answer)
         admission.release_slot(self.c.run.user_id, self.run_id)
-        self.emit("run:done", "run_done", {"answer": decision.answer, "credits_charged": charge})
+        self.emit(*FINAL_EVENTS["done"], {"answer": decision.answer, "credits_charged": charge})
         self.log.info("run_done", credits=charge)
         faults.point("after_terminal_write", self.run_id)
         return Outcome("done")
@@ -201,14 +205,14 @@ class StepRunner:
         charge = runs.finish(self.c, "failed", self._checkpoint(), self.usage, self.last_event_id,
                              error_class=error_class, error=str(exc))
         admission.release_slot(self.c.run.user_id, self.run_id)
-        self.emit("run:failed", "run_failed", {"error_class": error_class, "error": str(exc),
+        self.emit(*FINAL_EVENTS["failed"], {"error_class": error_class, "error": str(exc),
                                                "credits_charged": charge})
         self.log.warning("run_failed", error_class=error_class, error=str(exc))
         return Outcome("failed")
 
     def _dead(self, reason: str) -> Outcome:
         dead_letter(self.c, reason, {"step": self.step, "history_steps": len(self.history)})
-        self.emit("run:dead", "run_dead", {"reason": reason})
+        self.emit(*FINAL_EVENTS["dead"], {"reason": reason})
         return Outcome("dead")
 
 
