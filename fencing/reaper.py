@@ -38,11 +38,24 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
     client = get_redis()
     scripts = scripts_for(client)
     now = now_ms()
-    rescued = []
+    rescued: list[str] = []
     expired: list[str] = client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch)  # type: ignore[assignment]
+    if not expired:
+        return rescued
+    # A deadline is computed by the client before the server sets the lease's PX, so a lease can
+    # outlive its entry by that pipeline's latency. Such a lease is live: its entry moves to the
+    # lease's real expiry (GT: never earlier than a renewal put it), instead of being popped and left
+    # to the sweeper. One round trip for the whole batch; the index and the leases stay in separate
+    # scripts, so no script spans two Redis Cluster slots.
+    pipe = client.pipeline(transaction=False)
     for run_id in expired:
-        if not scripts("pop_expired", [keys.LEASE_INDEX, keys.lease(run_id)], [run_id, now]):
-            continue  # renewed meanwhile, still live, or another reaper took it
+        pipe.pttl(keys.lease(run_id))
+    live = {run_id: ttl for run_id, ttl in zip(expired, pipe.execute(), strict=True) if ttl > 0}
+    if live:
+        client.zadd(keys.LEASE_INDEX, {run_id: now + ttl for run_id, ttl in live.items()}, gt=True)
+    for run_id in expired:
+        if run_id in live or not scripts("pop_expired", [keys.LEASE_INDEX], [run_id, now]):
+            continue  # still live, renewed meanwhile, or another reaper took it
         # The marker blocks a second rescue for one lease lifetime: the rescued delivery's own lease
         # cannot expire sooner, so a dead rescuer is reaped again on time.
         if rescue(run_id, lease_ttl_ms, "lease expired without a handover", send):

@@ -105,9 +105,9 @@ def test_pop_expired_removes_only_past_deadlines_once(redis_client):
     scripts = scripts_for(redis_client)
     now = now_ms()
     redis_client.zadd(keys.LEASE_INDEX, {"old": now - 10, "new": now + 10_000})
-    assert scripts("pop_expired", [keys.LEASE_INDEX, keys.lease("new")], ["new", now]) == 0
-    assert scripts("pop_expired", [keys.LEASE_INDEX, keys.lease("old")], ["old", now]) == 1
-    assert scripts("pop_expired", [keys.LEASE_INDEX, keys.lease("old")], ["old", now]) == 0
+    assert scripts("pop_expired", [keys.LEASE_INDEX], ["new", now]) == 0
+    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 1
+    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 0
     assert redis_client.zrange(keys.LEASE_INDEX, 0, -1) == ["new"]
 
 
