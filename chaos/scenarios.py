@@ -118,9 +118,12 @@ def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode 
         victim = wait_for(busiest_at_moment, 60, every_s=0.02)
     if victim is None:
         return None, 0.0, []
-    held = [r.run_id for r in rows(ids) if r.state == "running" and victim.owns(owner_pid(r.owner) or -1)]
+    owners = {r.run_id: r.owner for r in rows(ids) if r.state == "running" and victim.owns(owner_pid(r.owner) or -1)}
     kill_ms = time.time() * 1000
-    victim.kill(signal.SIGKILL)
+    victim.kill(signal.SIGKILL)  # returns once the process group is gone: it writes nothing more
+    # Read again after the kill: a step the victim finished in between (checkpoint B clears the owner)
+    # was handed over, not held, and owes no task_resumed.
+    held = [r.run_id for r in rows(list(owners)) if r.state == "running" and r.owner == owners[r.run_id]]
     return victim, kill_ms, held
 
 
