@@ -48,21 +48,23 @@ def _ask_txn(conn: Connection, c: Claim, tool_call_id: str, turn: int, question:
     return None
 
 
-def reply(run_id: str, text: str, by: str) -> tuple[int, Input]:
+def reply(run_id: str, text: str, by: str, user_id: str | None = None) -> tuple[int, Input]:
     """Store the answer and set the run back to queued in ONE transaction; returns (step to wake, input).
 
     The caller then sends the wake-up; if that send is lost the sweeper sends it."""
     if not text.strip():
         raise InvalidRequest("the reply must not be empty")
-    return in_txn(_reply_txn, run_id, text, by)
+    return in_txn(_reply_txn, run_id, text, by, user_id)
 
 
-def _reply_txn(conn: Connection, run_id: str, text: str, by: str) -> tuple[int, Input]:
+def _reply_txn(conn: Connection, run_id: str, text: str, by: str, user_id: str | None = None) -> tuple[int, Input]:
     run = conn.execute(sa.select(run_checkpoints.c.state, run_checkpoints.c.step, run_checkpoints.c.epoch,
-                                 run_checkpoints.c.phase)
+                                 run_checkpoints.c.phase, run_checkpoints.c.user_id)
                        .where(run_checkpoints.c.run_id == run_id).with_for_update()).first()
     if run is None:
         raise InvalidRequest(f"no run {run_id!r}")
+    if user_id is not None and run.user_id != user_id:  # None: an operator; else only the run's owner replies
+        raise InvalidRequest(f"run {run_id} belongs to another user; nothing was stored")
     pending = conn.execute(sa.select(run_inputs).where(run_inputs.c.run_id == run_id, run_inputs.c.reply.is_(None))
                            .order_by(run_inputs.c.id.desc())).mappings().first()
     if run.state != "waiting" or pending is None:
