@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,26 +27,40 @@ class Cancelled:
     noop: bool
 
 
-def cancel(run_id: str, by: str) -> Cancelled:
+def cancel(run_id: str, by: str, user_id: str | None = None,
+           before_commit: Callable[[int], None] | None = None) -> Cancelled:
     """Cancel a queued, running or waiting run: a claim of its own (epoch + 1), the terminal state and
     the settlement of what was used, in one transaction. A running holder is fenced out on its next
-    write, so no card or event of it lands after the cancel. A finished run is a no-op."""
-    return in_txn(_cancel_txn, run_id, by)
+    write, so no card or event of it lands after the cancel. A finished run is a no-op.
+
+    `user_id`: the run must belong to this user (InvalidRequest otherwise, nothing written); None is an
+    operator acting on any run. `before_commit(epoch)` runs inside the transaction, with the row locked
+    and before the commit, with the canceller's epoch: the caller raises the Redis epoch mirror there,
+    so the old holder's events are refused from before the cancel commits (the lock keeps any claim
+    from taking that epoch first). It must not raise; it may run again if the transaction is retried."""
+    return in_txn(_cancel_txn, run_id, by, user_id, before_commit)
 
 
-def _cancel_txn(conn: Connection, run_id: str, by: str) -> Cancelled:
+def _cancel_txn(conn: Connection, run_id: str, by: str, user_id: str | None = None,
+                before_commit: Callable[[int], None] | None = None) -> Cancelled:
     row = conn.execute(sa.select(run_checkpoints).where(run_checkpoints.c.run_id == run_id)
                        .with_for_update()).mappings().first()
     if row is None:
         raise RunNotFound(f"no run {run_id!r}")
+    if user_id is not None and row["user_id"] != user_id:
+        raise InvalidRequest(f"run {run_id} belongs to another user; nothing was cancelled")
     if row["state"] in TERMINAL_STATES:
         return Cancelled(run_id, row["user_id"], row["state"], row["epoch"], None, noop=True)
     now = now_ms()
     epoch = row["epoch"] + 1
-    conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
-                                                run_checkpoints.c.epoch == row["epoch"])
-                 .values(epoch=epoch, state="cancelled", owner=None, error_class="cancelled",
-                         error=f"cancelled by {by}", updated_at_ms=now, finished_at_ms=now))
+    if before_commit is not None:
+        before_commit(epoch)
+    updated = conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
+                                                          run_checkpoints.c.epoch == row["epoch"])
+                           .values(epoch=epoch, state="cancelled", owner=None, error_class="cancelled",
+                                   error=f"cancelled by {by}", updated_at_ms=now, finished_at_ms=now)).rowcount
+    if updated != 1:  # the row is locked (FOR UPDATE; SQLite: BEGIN IMMEDIATE): only a broken lock gets here
+        raise InvalidRequest(f"run {run_id} changed while it was being cancelled; nothing was cancelled")
     charge = billing.settle_txn(conn, run_id, epoch, by, row["prompt_tokens"], row["completion_tokens"], now)
     ledger.record_txn(conn, run_id, epoch, by, "cancelled",
                       f"cancelled while {row['state']} at step {row['step']}; the holder (if any) is fenced out",
@@ -89,25 +104,33 @@ def dead_letter(run_id: str) -> DeadLetter:
 def replay(run_id: str, by: str) -> int:
     """Put a dead run back in the queue from its last checkpoint, with a fresh delivery budget.
 
-    Returns the step to wake; the caller sends the wake-up (the sweeper covers a lost send)."""
+    The replay pays for what it uses: a hold still open covers it; a hold already settled (the dead
+    letter waited past the hold expiry) is reopened with a fresh hold, charged at the end only for the
+    usage after the replay (billing.reopen_hold_txn). InsufficientCredits (or any refusal) writes
+    nothing. Admission is the caller's (tasks.control.replay_dead_letter). Returns the step to wake; the
+    caller sends the wake-up (the sweeper covers a lost send)."""
     return in_txn(_replay_txn, run_id, by)
 
 
 def _replay_txn(conn: Connection, run_id: str, by: str) -> int:
-    row = conn.execute(sa.select(run_checkpoints.c.state, run_checkpoints.c.step, run_checkpoints.c.epoch,
-                                 run_checkpoints.c.phase)
-                       .where(run_checkpoints.c.run_id == run_id).with_for_update()).first()
+    rc = run_checkpoints.c
+    row = conn.execute(sa.select(rc.state, rc.step, rc.epoch, rc.phase, rc.user_id, rc.kind, rc.prompt_tokens,
+                                 rc.completion_tokens)
+                       .where(rc.run_id == run_id).with_for_update()).first()
     if row is None:
         raise RunNotFound(f"no run {run_id!r}")
     if row.state != "dead":
         raise InvalidRequest(f"run {run_id} is {row.state}; only dead runs can be replayed")
     now = now_ms()
-    conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id, run_checkpoints.c.state == "dead")
+    reopened = billing.reopen_hold_txn(conn, run_id, row.user_id, row.kind, row.epoch, by,
+                                       int(row.prompt_tokens) + int(row.completion_tokens), now)
+    conn.execute(run_checkpoints.update().where(rc.run_id == run_id, rc.state == "dead")
                  .values(state="queued", deliveries=0, owner=None, error_class=None, error=None, finished_at_ms=None,
                          updated_at_ms=now))
     conn.execute(dead_letters.update().where(dead_letters.c.run_id == run_id)
                  .values(replayed_at_ms=now, replayed_by=by, replays=dead_letters.c.replays + 1))
+    hold = f"a fresh hold of {reopened} credits" if reopened is not None else "its open hold"
     ledger.record_txn(conn, run_id, row.epoch, by, "replayed",
                       f"dead letter replayed by {by}: resumes step {row.step} from checkpoint phase '{row.phase}' "
-                      "with a fresh delivery budget")
+                      f"with a fresh delivery budget, paid by {hold}")
     return int(row.step)

@@ -13,6 +13,9 @@ from fenced.cli import JsonOpt, RunArg, _clock, app, emit_json, fail, out, resol
 dlq = typer.Typer(help="Dead-lettered runs: list, show, replay.", no_args_is_help=True)
 app.add_typer(dlq, name="dlq")
 UserOpt = Annotated[str, typer.Option("--user", "-u", help="Who is acting (recorded in the ledger).")]
+OwnerOpt = Annotated[str | None, typer.Option(
+    "--user", "-u", help="The run's owner, acting: someone else's run is refused (exit 2, nothing written). "
+                         "Omitted: an operator, recorded as 'cli'.")]
 
 
 @app.command()
@@ -52,14 +55,14 @@ def confirm(card_id: Annotated[str, typer.Argument(help="A card id (card_...).")
 
 @app.command()
 def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer.")],
-          user: UserOpt = "cli", as_json: JsonOpt = False) -> None:
+          user: OwnerOpt = None, as_json: JsonOpt = False) -> None:
     """Answer the question a waiting run asked; the run is queued and woken."""
     from fenced.errors import InvalidRequest
     from tasks.control import reply_to_run
 
     run = resolve_run(run_id)
     try:
-        answered = reply_to_run(run.run_id, text, user)
+        answered = reply_to_run(run.run_id, text, user or "cli", user_id=user)
     except InvalidRequest as exc:
         fail(str(exc))
     if as_json:
@@ -69,12 +72,16 @@ def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer."
 
 
 @app.command()
-def cancel(run_id: RunArg, user: UserOpt = "cli", as_json: JsonOpt = False) -> None:
+def cancel(run_id: RunArg, user: OwnerOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel a run: it ends `cancelled`, what was used is settled, nothing of it lands afterwards."""
+    from fenced.errors import InvalidRequest
     from tasks.control import cancel_run
 
     run = resolve_run(run_id)
-    result = cancel_run(run.run_id, user)
+    try:
+        result = cancel_run(run.run_id, user or "cli", user_id=user)
+    except InvalidRequest as exc:
+        fail(str(exc))
     if as_json:
         emit_json(asdict(result))
     elif result.noop:

@@ -4,48 +4,113 @@ from __future__ import annotations
 
 import structlog
 
-from checkpoints import inputs, lifecycle
+from checkpoints import inputs, lifecycle, runs
 from checkpoints.lifecycle import Cancelled
+from fenced.errors import FencedOut, InvalidRequest, RunNotFound
 from fencing import admission, events, keys
 from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
 from tasks import queues
 from tasks.app import send_wakeup
+from tasks.submit import ADMISSION_QUEUES
 
 log = structlog.get_logger("tasks.control")
 
+# The final event of a cancelled run: a fixed id, so a repeated one merges in any client.
+CANCELLED_EVENT = "run:cancelled"
 
-def cancel_run(run_id: str, by: str) -> Cancelled:
-    """Cancel a run; a running step stops at its next boundary and is fenced out of every later write."""
-    result = lifecycle.cancel(run_id, by)
-    if result.noop:
+
+def cancel_run(run_id: str, by: str, user_id: str | None = None) -> Cancelled:
+    """Cancel a run; a running step stops at its next boundary and is fenced out of every later write.
+
+    `user_id`: the run must be this user's (InvalidRequest otherwise, nothing written); None = operator.
+    The epoch mirror is raised to the canceller's epoch inside the cancel's transaction, before its
+    commit, so no event of the old holder lands after the cancel. After the commit each Redis step is
+    independent (one failing skips none of the others), the slot release first; a cancel that finds the
+    run already cancelled (a retry after a lost commit reply, a second click) does them again: all are
+    idempotent."""
+
+    def raise_mirror(epoch: int) -> None:
+        try:
+            raise_epoch(run_id, epoch)
+        except Exception as exc:  # the database fences the holder anyway; raised again after the commit
+            log.warning("cancel_mirror_failed", run_id=run_id, epoch=epoch, error=repr(exc))
+
+    result = lifecycle.cancel(run_id, by, user_id, before_commit=raise_mirror)
+    if result.noop and result.previous_state != "cancelled":
+        admission.release_slot(result.user_id, run_id)  # a finished run holds no slot; never raises
         return result
-    try:
-        # Raise the mirror first: from here on the old holder's events are refused too.
-        raise_epoch(run_id, result.epoch)
-        events.append(run_id, result.epoch, "run:cancelled", "run_cancelled", -1,
-                      {"by": by, "previous_state": result.previous_state, "credits_charged": result.credits_charged})
-        # The holder's watchdog sees its lease gone and stops at the next boundary.
-        get_redis().delete(keys.lease(run_id))
-        admission.release_slot(result.user_id, run_id)  # a cancelled run no longer counts for its user
-    except Exception as exc:  # the database already fences the holder; Redis is best effort
-        log.warning("cancel_redis_failed", run_id=run_id, epoch=result.epoch, error=repr(exc))
-    log.info("cancelled", run_id=run_id, epoch=result.epoch, by=by, previous_state=result.previous_state)
+    _after_cancel(result, by)
+    if not result.noop:
+        log.info("cancelled", run_id=run_id, epoch=result.epoch, by=by, previous_state=result.previous_state)
     return result
 
 
-def reply_to_run(run_id: str, text: str, by: str) -> inputs.Input:
-    """Store a person's reply (the run goes back to queued in the same transaction), then wake the run."""
-    step, answered = inputs.reply(run_id, text, by)
+def _after_cancel(result: Cancelled, by: str) -> None:
+    """The Redis follow-ups of a committed cancel; each best effort and idempotent, none skips another."""
+    run_id, epoch = result.run_id, result.epoch
+    admission.release_slot(result.user_id, run_id)  # first, and it never raises: the user's slot comes back
+    try:
+        raise_epoch(run_id, epoch)  # again: the one inside the transaction may have failed, or Redis was wiped
+    except Exception as exc:
+        log.warning("cancel_mirror_failed", run_id=run_id, epoch=epoch, error=repr(exc))
+    try:
+        newest = get_redis().xrevrange(keys.events(run_id), count=1)
+        if not (newest and newest[0][1].get("eid") == CANCELLED_EVENT):  # type: ignore[index, union-attr]
+            data = {"by": by, "previous_state": result.previous_state, "credits_charged": result.credits_charged}
+            if result.noop:
+                data = {"by": by, "repaired": True}
+            events.append(run_id, epoch, CANCELLED_EVENT, "run_cancelled", -1, data)
+    except (Exception, FencedOut) as exc:  # no newer epoch can exist after a cancel; never raise anyway
+        log.warning("cancel_event_failed", run_id=run_id, epoch=epoch, error=repr(exc))
+    try:
+        get_redis().delete(keys.lease(run_id))  # the holder's watchdog sees it gone and stops at the next boundary
+    except Exception as exc:
+        log.warning("cancel_lease_delete_failed", run_id=run_id, epoch=epoch, error=repr(exc))
+
+
+def reply_to_run(run_id: str, text: str, by: str, user_id: str | None = None) -> inputs.Input:
+    """Store a person's reply (the run goes back to queued in the same transaction), then wake the run.
+    `user_id`: the run must be this user's (InvalidRequest otherwise, nothing written); None = operator."""
+    step, answered = inputs.reply(run_id, text, by, user_id)
     _wake(run_id, step)
     return answered
 
 
 def replay_dead_letter(run_id: str, by: str) -> int:
-    """Replay a dead run from its last checkpoint with a fresh delivery budget; returns its step."""
-    step = lifecycle.replay(run_id, by)
-    _wake(run_id, step)
+    """Replay a dead run from its last checkpoint with a fresh delivery budget; returns its step.
+
+    A replay is admitted like a new run (AdmissionRefused: the user's limit or the global backlog) and
+    pays for what it uses (lifecycle.replay reopens a settled hold; InsufficientCredits). A refusal
+    writes nothing and leaves no admission slot behind."""
+    run = runs.get_run(run_id)
+    if run is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    if run.state != "dead":  # checked again under the row lock; here so a live run's slot is never touched
+        raise InvalidRequest(f"run {run_id} is {run.state}; only dead runs can be replayed")
+    admission.admit(run_id, run.user_id, ADMISSION_QUEUES)
+    try:
+        step = lifecycle.replay(run_id, by)
+    except BaseException:
+        _release_unless_replayed(run_id, run.user_id)
+        raise
+    try:
+        _wake(run_id, step)
+    finally:
+        admission.mark_sent(run_id)  # the wake-up is on the continuation queue (or the sweeper owns it)
     return step
+
+
+def _release_unless_replayed(run_id: str, user_id: str) -> None:
+    """A replay that raised gives its slot back, unless it committed after all (a retried transaction
+    whose first commit landed raises "not dead"): then the slot is the replayed run's."""
+    try:
+        run = runs.get_run(run_id)
+    except Exception as exc:  # in doubt keep it: the sweeper frees a slot whose run is not live
+        log.warning("replay_slot_kept", run_id=run_id, error=repr(exc))
+        return
+    if run is None or run.state == "dead":
+        admission.release_slot(user_id, run_id)
 
 
 def _wake(run_id: str, step: int) -> None:
