@@ -2,7 +2,11 @@
 
 Each hold is mirrored in the user's account (checkpoints.accounts): `held` grows at submit, and the
 one conditional update that closes the hold (`state = 'held'` -> settled/released) is the only thing
-that lets the account change again, so a balance moves once per run.
+that lets the account change again, so a balance moves once per closing of the hold.
+
+A dead letter replayed after its hold was closed reopens it (reopen_hold_txn): a fresh hold on the
+account, the earlier charge kept on record (`credits_charged_before`) and the tokens it covered
+(`tokens_settled_before`) never charged again: the next settlement charges only the usage since.
 """
 
 from __future__ import annotations
@@ -58,12 +62,16 @@ def settle_txn(conn: Connection, run_id: str, epoch: int, actor: str, prompt_tok
                completion_tokens: int, now_ms: int, why: str = "") -> int | None:
     """Settle the hold if it is still held (one conditional update); returns the charge, or None.
 
-    `why` prefixes the ledger's reason when the settlement is not the run's own terminal write."""
-    hold = conn.execute(sa.select(_h.credits_held, _h.user_id).where(_h.run_id == run_id)).first()
+    `why` prefixes the ledger's reason when the settlement is not the run's own terminal write. A
+    reopened hold charges only the tokens used since it was reopened."""
+    hold = conn.execute(sa.select(_h.credits_held, _h.user_id, _h.tokens_settled_before)
+                        .where(_h.run_id == run_id)).first()
     if hold is None:
         return None
     held = int(hold.credits_held)
-    charge = credits_for(prompt_tokens, completion_tokens, held)
+    before = int(hold.tokens_settled_before)  # a reopened hold: covered by earlier closings, never again
+    tokens = max(prompt_tokens + completion_tokens - before, 0)
+    charge = credits_for(tokens, 0, held)
     done = conn.execute(run_holds.update()
                         .where(_h.run_id == run_id, _h.state == "held")
                         .values(state="settled", credits_charged=charge, closed_at_ms=now_ms)).rowcount
@@ -71,11 +79,53 @@ def settle_txn(conn: Connection, run_id: str, epoch: int, actor: str, prompt_tok
         ledger.record_txn(conn, run_id, epoch, actor, "settle_skipped", "hold was no longer held")
         return None
     _account_txn(conn, run_id, epoch, actor, hold.user_id, held, charge, now_ms)
-    reason = f"charged {charge} of {held} held credits for {prompt_tokens + completion_tokens} tokens"
+    reason = f"charged {charge} of {held} held credits for {tokens} tokens"
+    if before:
+        reason += f" used since the hold was reopened ({before} tokens were settled before)"
     ledger.record_txn(conn, run_id, epoch, actor, "settled", f"{why}: {reason}" if why else reason,
                       {"charge": charge, "held": held, "prompt_tokens": prompt_tokens,
-                       "completion_tokens": completion_tokens})
+                       "completion_tokens": completion_tokens, "tokens_settled_before": before})
     return charge
+
+
+def reopen_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, epoch: int, actor: str,
+                    tokens_used: int, now_ms: int) -> int | None:
+    """Give a run whose hold was closed (a dead letter settled by the sweeper) a fresh hold for what it
+    uses from here; returns the credits held, or None if its hold is still open (it covers the rest).
+
+    The run's own hold row is reopened: `held` again with a fresh amount on the account, the earlier
+    charge added to `credits_charged_before`, and `tokens_settled_before` set to the usage so far
+    (`tokens_used`), which the closing covered; the next settlement charges only what comes after.
+    Raises InsufficientCredits when the available credits do not cover the hold (the caller's
+    transaction rolls back: nothing written)."""
+    hold = conn.execute(sa.select(_h.state, _h.credits_held, _h.credits_charged, _h.credits_charged_before)
+                        .where(_h.run_id == run_id).with_for_update()).first()
+    if hold is not None and hold.state == "held":
+        return None
+    credits = hold_credits(kind)
+    accounts.hold_txn(conn, user_id, credits, now_ms)
+    expires = now_ms + get_settings().hold_expiry_s * 1000
+    if hold is None:  # a run from before holds existed: nothing of it was ever charged
+        conn.execute(run_holds.insert().values(
+            run_id=run_id, user_id=user_id, credits_held=credits, state="held", credits_charged=None,
+            created_at_ms=now_ms, expires_at_ms=expires))
+        ledger.record_txn(conn, run_id, epoch, actor, "hold_reopened", f"{credits} credits held for the replay",
+                          {"held": credits})
+        return credits
+    charged = int(hold.credits_charged or 0)
+    reopened = conn.execute(run_holds.update().where(_h.run_id == run_id, _h.state == hold.state).values(
+        state="held", credits_held=credits, credits_charged=None, closed_at_ms=None, expires_at_ms=expires,
+        credits_charged_before=_h.credits_charged_before + charged, tokens_settled_before=tokens_used,
+    )).rowcount
+    if not reopened:  # the row is locked above; only a broken lock gets here
+        raise RuntimeError(f"hold of run {run_id} changed while it was being reopened")
+    ledger.record_txn(conn, run_id, epoch, actor, "hold_reopened",
+                      f"hold was {hold.state} ({charged} of {hold.credits_held} credits charged); {credits} credits "
+                      f"held for the replay, charged only for usage after the {tokens_used} tokens already settled",
+                      {"held": credits, "previous_state": hold.state, "previous_charge": charged,
+                       "charged_before": int(hold.credits_charged_before) + charged,
+                       "tokens_settled_before": tokens_used})
+    return credits
 
 
 def release_txn(conn: Connection, run_id: str, epoch: int, actor: str, reason: str, now_ms: int) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -14,8 +16,43 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 metadata = MetaData()
+
+
+def binary_collation(dialect: Dialect) -> str:
+    """The MySQL/MariaDB collation under which identifiers compare byte for byte, trailing spaces included.
+
+    The server default (utf8mb4_general_ci and the like) is case- and accent-insensitive, and even
+    utf8mb4_bin pads with spaces, so `alice`, `Alice`, `alice ` and `alicé` would be one key. MariaDB
+    has utf8mb4_nopad_bin (10.2+), MySQL utf8mb4_0900_bin (8.0.17+); older MySQL only has the padding
+    utf8mb4_bin (trailing spaces then still compare equal). Migration 0003 applies the same choice."""
+    if getattr(dialect, "is_mariadb", False):
+        return "utf8mb4_nopad_bin"
+    version = dialect.server_version_info or ()
+    return "utf8mb4_0900_bin" if tuple(version) >= (8, 0, 17) else "utf8mb4_bin"
+
+
+class Ident(TypeDecorator[str]):
+    """An identifier (user, run, card, request key, operation, order, tool call): compared byte for byte
+    on every database. SQLite's default BINARY collation already does; MySQL/MariaDB get a binary,
+    no-pad collation on the column (see binary_collation). Values stay `str` in Python."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.VARCHAR(self.length, charset="utf8mb4",
+                                                         collation=binary_collation(dialect)))
+        return dialect.type_descriptor(String(self.length))
 
 RUN_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled", "dead")
 TERMINAL_STATES = ("done", "failed", "cancelled", "dead")
@@ -28,8 +65,8 @@ Blob = LargeBinary(length=16 * 1024 * 1024)
 run_checkpoints = Table(
     "run_checkpoints",
     metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("user_id", String(128), nullable=False),
+    Column("run_id", Ident(64), primary_key=True),
+    Column("user_id", Ident(128), nullable=False),
     Column("kind", String(16), nullable=False),
     Column("query", Text, nullable=False),
     Column("state", String(16), nullable=False),
@@ -58,7 +95,7 @@ run_steps = Table(
     "run_steps",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", Ident(64), nullable=False),
     Column("step", Integer, nullable=False),
     Column("epoch", Integer, nullable=False),
     Column("phase", String(16), nullable=False),
@@ -73,11 +110,15 @@ run_steps = Table(
 run_holds = Table(
     "run_holds",
     metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("user_id", String(128), nullable=False),
+    Column("run_id", Ident(64), primary_key=True),
+    Column("user_id", Ident(128), nullable=False),
     Column("credits_held", Integer, nullable=False),
     Column("state", String(16), nullable=False),  # held -> settled | released
-    Column("credits_charged", Integer),
+    Column("credits_charged", Integer),  # of this hold: the usage since it was (re)opened
+    # A dead letter replayed after its hold was settled reopens the hold (lifecycle.replay): what the
+    # earlier closings charged stays on record here, and the tokens they covered are not charged again.
+    Column("credits_charged_before", Integer, nullable=False, server_default="0"),
+    Column("tokens_settled_before", BigInteger, nullable=False, server_default="0"),
     Column("created_at_ms", BigInteger, nullable=False),
     Column("expires_at_ms", BigInteger, nullable=False),
     Column("closed_at_ms", BigInteger),
@@ -88,7 +129,7 @@ run_attempts = Table(
     "run_attempts",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", Ident(64), nullable=False),
     Column("step", Integer, nullable=False),
     Column("epoch", Integer, nullable=False),
     Column("worker", String(160), nullable=False),
@@ -103,7 +144,7 @@ run_ledger = Table(
     "run_ledger",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", Ident(64), nullable=False),
     Column("at_ms", BigInteger, nullable=False),
     Column("epoch", Integer, nullable=False),
     Column("actor", String(160), nullable=False),
@@ -116,8 +157,8 @@ run_ledger = Table(
 effects = Table(
     "effects",
     metadata,
-    Column("request_key", String(255), primary_key=True),  # run_id:action:fingerprint
-    Column("run_id", String(64), nullable=False),
+    Column("request_key", Ident(255), primary_key=True),  # run_id:action:fingerprint
+    Column("run_id", Ident(64), nullable=False),
     Column("action", String(64), nullable=False),
     Column("result", Text, nullable=False),  # JSON: what the first execution returned
     Column("epoch", Integer, nullable=False),
@@ -128,15 +169,15 @@ effects = Table(
 cart_cards = Table(
     "cart_cards",
     metadata,
-    Column("card_id", String(64), primary_key=True),
-    Column("request_key", String(255), nullable=False, unique=True),
-    Column("run_id", String(64), nullable=False),
-    Column("user_id", String(128), nullable=False, server_default=""),
+    Column("card_id", Ident(64), primary_key=True),
+    Column("request_key", Ident(255), nullable=False, unique=True),
+    Column("run_id", Ident(64), nullable=False),
+    Column("user_id", Ident(128), nullable=False, server_default=""),
     Column("expires_at_ms", BigInteger, nullable=False, server_default="0"),
     Column("confirmed_at_ms", BigInteger),
-    Column("operation_id", String(64), nullable=False, unique=True),
+    Column("operation_id", Ident(64), nullable=False, unique=True),
     Column("items", Text, nullable=False),  # JSON, sorted by item id
-    Column("total_cents", Integer, nullable=False),
+    Column("total_cents", BigInteger, nullable=False),  # qty <= effects.MAX_QTY per line, too
     Column("state", String(16), nullable=False),  # offered -> confirmed
     Column("epoch", Integer, nullable=False),
     Column("created_at_ms", BigInteger, nullable=False),
@@ -146,10 +187,10 @@ cart_cards = Table(
 orders = Table(
     "orders",
     metadata,
-    Column("order_id", String(64), primary_key=True),
-    Column("operation_id", String(64), nullable=False, unique=True),
-    Column("card_id", String(64), nullable=False),
-    Column("user_id", String(128), nullable=False, server_default=""),
+    Column("order_id", Ident(64), primary_key=True),
+    Column("operation_id", Ident(64), nullable=False, unique=True),
+    Column("card_id", Ident(64), nullable=False),
+    Column("user_id", Ident(128), nullable=False, server_default=""),
     Column("created_at_ms", BigInteger, nullable=False),
 )
 
@@ -157,23 +198,23 @@ run_inputs = Table(
     "run_inputs",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", Ident(64), nullable=False),
     Column("turn", Integer, nullable=False),  # the step that asked
-    Column("tool_call_id", String(64), nullable=False),  # ask_user's call id, or "fix:<step>:<epoch>"
+    Column("tool_call_id", Ident(64), nullable=False),  # ask_user's call id, or "fix:<step>:<epoch>"
     Column("kind", String(16), nullable=False),  # ask_user / fixable
     Column("question", Text, nullable=False),
     Column("reply", Text),
     Column("epoch", Integer, nullable=False),
     Column("asked_at_ms", BigInteger, nullable=False),
     Column("replied_at_ms", BigInteger),
-    Column("replied_by", String(128)),
+    Column("replied_by", Ident(128)),
     UniqueConstraint("run_id", "tool_call_id", name="uq_run_inputs_call"),
 )
 
 user_accounts = Table(
     "user_accounts",
     metadata,
-    Column("user_id", String(128), primary_key=True),
+    Column("user_id", Ident(128), primary_key=True),
     Column("balance_credits", BigInteger, nullable=False),  # never negative
     Column("held_credits", BigInteger, nullable=False),  # sum of this user's open holds
     Column("updated_at_ms", BigInteger, nullable=False),
@@ -182,13 +223,13 @@ user_accounts = Table(
 dead_letters = Table(
     "dead_letters",
     metadata,
-    Column("run_id", String(64), primary_key=True),
+    Column("run_id", Ident(64), primary_key=True),
     Column("step", Integer, nullable=False),
     Column("reason", Text, nullable=False),
     Column("attempts", Text, nullable=False),  # JSON: every attempt with its error
     Column("observations", Text),  # JSON: the last worker's view
     Column("at_ms", BigInteger, nullable=False),
     Column("replayed_at_ms", BigInteger),
-    Column("replayed_by", String(128)),
+    Column("replayed_by", Ident(128)),
     Column("replays", Integer, nullable=False, server_default="0"),
 )
