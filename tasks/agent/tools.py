@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from checkpoints import inputs
-from checkpoints.effects import create_cart_card
+from checkpoints.effects import MAX_QTY, create_cart_card
 from checkpoints.runs import Claim
 from fenced.errors import FixableError, TerminalError, WaitForInput
 from fenced.settings import get_settings
@@ -47,14 +47,45 @@ def _compare(_t: ToolContext, args: dict[str, Any]) -> Any:
 
 
 def _add_to_cart(t: ToolContext, args: dict[str, Any]) -> Any:
-    unknown = [i.get("id") for i in args.get("items", []) if i.get("id") not in catalog.BY_ID]
-    if unknown:
-        raise FixableError(f"add_to_cart: no such items {unknown}; which product did you mean?")
-    items = [{**catalog.BY_ID[i["id"]], "qty": int(i.get("qty", 1))} for i in args.get("items", [])]
-    if not items:
-        raise TerminalError("add_to_cart: no items")
+    # The card is keyed by the decision (ids and quantities); name and price are looked up now and
+    # fixed on the card when it is first created.
+    items = [{**catalog.BY_ID[item_id], "qty": qty} for item_id, qty in cart_request(args)]
     card = create_cart_card(t.claim, items)
     return {"card_id": card.card_id, "total_cents": card.total_cents, "reused": card.reused}
+
+
+def cart_request(args: dict[str, Any]) -> list[tuple[str, int]]:
+    """add_to_cart's input, validated: (item id, qty) sorted by id, an item listed twice merged.
+
+    Bad input is a FixableError naming the field (the model, or the person, can correct it): `items`
+    must be a non-empty list of objects, `items[n].id` a catalog id, `items[n].qty` (default 1) a
+    whole number from 1 to MAX_QTY, also once an item's lines are added up."""
+    raw = args.get("items")
+    if not isinstance(raw, list) or not raw:
+        raise FixableError(f"add_to_cart: items must be a non-empty list of {{id, qty}} objects, not {raw!r}")
+    qty_by_id: dict[str, int] = {}
+    unknown = []
+    for n, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise FixableError(f"add_to_cart: items[{n}] must be an object with an id and a qty, not {item!r}")
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or not item_id:
+            raise FixableError(f"add_to_cart: items[{n}].id must be a product id such as 'sku-001', not {item_id!r}")
+        qty = item.get("qty", 1)
+        if isinstance(qty, float) and qty.is_integer():
+            qty = int(qty)  # 2.0 from a JSON encoder means 2
+        if isinstance(qty, bool) or not isinstance(qty, int) or not 1 <= qty <= MAX_QTY:
+            raise FixableError(f"add_to_cart: items[{n}].qty must be a whole number from 1 to {MAX_QTY}, not {qty!r}")
+        if item_id not in catalog.BY_ID:
+            unknown.append(f"items[{n}].id {item_id!r}")
+            continue
+        qty_by_id[item_id] = qty_by_id.get(item_id, 0) + qty
+        if qty_by_id[item_id] > MAX_QTY:
+            raise FixableError(f"add_to_cart: {item_id} is listed more than once and its qty adds up to "
+                               f"{qty_by_id[item_id]} (items[{n}].qty); at most {MAX_QTY} of one item")
+    if unknown:
+        raise FixableError(f"add_to_cart: no such items ({', '.join(unknown)}); which product did you mean?")
+    return sorted(qty_by_id.items())
 
 
 def _ask_user(t: ToolContext, args: dict[str, Any]) -> Any:
