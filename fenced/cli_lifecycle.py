@@ -131,12 +131,12 @@ def dlq_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
 @dlq.command("replay")
 def dlq_replay(run_id: RunArg, user: UserOpt = "cli") -> None:
     """Replay a dead run from its last checkpoint with a fresh delivery budget."""
-    from fenced.errors import InvalidRequest
+    from fenced.errors import AdmissionRefused, InvalidRequest
     from tasks.control import replay_dead_letter
 
     run = resolve_run(run_id)
     try:
         step = replay_dead_letter(run.run_id, user)
-    except InvalidRequest as exc:
+    except (InvalidRequest, AdmissionRefused) as exc:
         fail(str(exc))
     typer.echo(f"replaying run {run.run_id} from step {step}")
