@@ -1,4 +1,9 @@
-"""Admission: one Lua step admits a run under the global backlog and per-user limits, or refuses it."""
+"""Admission: one Lua step admits a run under the global backlog and per-user limits, or refuses it.
+
+A user's slots follow the state of the user's runs in the database, not their age: a slot is taken at
+admission, given back when the run ends (`release_slot`), and `reconcile_slots` (the sweeper, one
+worker per interval) refreshes the slot of every queued/running/waiting run, re-adds it after a Redis
+wipe, and frees slots whose run ended or never came to exist (a lost release, a dead submitter)."""
 
 from __future__ import annotations
 
@@ -25,6 +30,13 @@ UNSENT_TTL_MS = 120_000
 RETRY_AFTER_GLOBAL_S = 2.0
 RETRY_AFTER_USER_S = 5.0
 RETRY_AFTER_UNAVAILABLE_S = 1.0
+# HASH run_id -> user_id of every slot: lets the sweeper find slots without scanning the keyspace. Same
+# {admission} tag as the slots, so admit.lua and release_slot touch one Cluster slot.
+SLOT_OWNERS = f"{keys.PREFIX}:{keys.ADMISSION_TAG}:slot-owners"
+# A slot whose run has no row, or an ended one, is freed only once it is this old: a submitter's (or
+# a replay's) transaction retries for up to 60 s after its admission, and must not lose its slot.
+SLOT_GRACE_MS = UNSENT_TTL_MS
+RECONCILE_PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -54,9 +66,9 @@ def admit(run_id: str, user_id: str, queues: Sequence[str], client: redis.Redis 
                 pipe.llen(key)
             outside, list_keys = sum(pipe.execute()), []
         ok, limit, count, extra = scripts_for(client)(
-            "admit", [keys.ADMITTED_UNSENT, keys.user_slots(user_id), *list_keys],
+            "admit", [keys.ADMITTED_UNSENT, keys.user_slots(user_id), SLOT_OWNERS, *list_keys],
             [run_id, now_ms(), s.max_queued_runs, s.max_runs_per_user, s.admission_ttl_s * 1000,
-             UNSENT_TTL_MS, outside],
+             UNSENT_TTL_MS, outside, user_id],
         )
     except redis.RedisError as exc:
         raise AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
@@ -86,13 +98,87 @@ def mark_sent(run_id: str, client: redis.Redis | None = None) -> None:
 
 def release_slot(user_id: str, run_id: str, client: redis.Redis | None = None) -> bool:
     """Give the user's slot back (the run ended, or was never created). Idempotent, never raises:
-    a release lost to a Redis outage is pruned after `admission_ttl_s`. True if a slot was freed."""
+    a release lost to a Redis outage is done by the sweeper's `reconcile_slots`. True if a slot was freed."""
     try:
         pipe = (client or get_redis()).pipeline(transaction=True)
         pipe.zrem(keys.user_slots(user_id), run_id)
         pipe.zrem(keys.ADMITTED_UNSENT, run_id)
-        freed, _ = pipe.execute()
+        pipe.hdel(SLOT_OWNERS, run_id)
+        freed, _, _ = pipe.execute()
     except redis.RedisError as exc:
         log.warning("admission_release_failed", run_id=run_id, user_id=user_id, error=repr(exc))
         return False
     return bool(freed)
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What one reconciliation did: live runs whose slot it refreshed, slots it re-added, slots it freed."""
+
+    live: int
+    restored: int
+    freed: int
+
+
+def reconcile_slots(client: redis.Redis | None = None, page: int = RECONCILE_PAGE) -> Reconciled:
+    """Make the slots follow the runs' state in the database (one worker per sweep interval).
+
+    1. Every queued/running/waiting run holds a slot: re-added if missing (a Redis wipe, a lost admit
+       reply) and refreshed to now, so admit.lua's age prune never drops a live run however long it
+       waits on a person or in the queue. A run that ended between the read and the write gives it
+       back at once (its own release may have run before the write).
+    2. Every slot in the owners index whose run ended or has no row, and that nobody admitted or
+       refreshed within `SLOT_GRACE_MS`, is freed: a release lost to a Redis error or a crash.
+    Pages of `page` runs, one pipeline and one database read each: cost O(live runs + slots)."""
+    from checkpoints import occupancy
+
+    s = get_settings()
+    client = client or get_redis()
+    ttl_ms = s.admission_ttl_s * 1000
+    live = restored = freed = 0
+    for rows in occupancy.occupying_pages(page):
+        now = now_ms()
+        pipe = client.pipeline(transaction=False)
+        for run_id, user_id in rows:
+            pipe.zadd(keys.user_slots(user_id), {run_id: now})
+            pipe.hset(SLOT_OWNERS, run_id, user_id)
+            pipe.pexpire(keys.user_slots(user_id), ttl_ms)
+        restored += sum(int(added) for added in pipe.execute()[0::3])
+        live += len(rows)
+        found = occupancy.states([run_id for run_id, _ in rows])
+        ended = [(run_id, user_id) for run_id, user_id in rows if found.get(run_id) not in occupancy.OCCUPYING_STATES]
+        freed += _free(client, ended)
+    cursor = 0
+    while True:
+        cursor, scanned = client.hscan(SLOT_OWNERS, cursor, count=page)
+        entries: dict[str, str] = dict(scanned)  # type: ignore[arg-type]  # decode_responses: str
+        if entries:
+            found = occupancy.states(list(entries))
+            gone = [(run_id, user_id) for run_id, user_id in entries.items()
+                    if found.get(run_id) not in occupancy.OCCUPYING_STATES]
+            if gone:
+                pipe = client.pipeline(transaction=False)
+                for run_id, user_id in gone:
+                    pipe.zscore(keys.user_slots(user_id), run_id)
+                old = now_ms() - SLOT_GRACE_MS
+                freed += _free(client, [g for g, score in zip(gone, pipe.execute(), strict=True)
+                                        if score is None or score < old])
+        if cursor == 0:
+            break
+    if restored or freed:
+        log.warning("admission_slots_reconciled", live=live, restored=restored, freed=freed)
+    return Reconciled(live, restored, freed)
+
+
+def _free(client: redis.Redis, slots: list[tuple[str, str]]) -> int:
+    """Release these (run_id, user_id) slots in one round trip; returns how many were held."""
+    if not slots:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    for run_id, user_id in slots:
+        pipe.zrem(keys.user_slots(user_id), run_id)
+        pipe.hdel(SLOT_OWNERS, run_id)
+    replies = pipe.execute()
+    for run_id, user_id in slots:
+        log.info("admission_slot_freed", run_id=run_id, user_id=user_id)
+    return sum(int(r) for r in replies[0::2])

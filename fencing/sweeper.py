@@ -1,7 +1,8 @@
 """The sweeper: runs the database calls live but that have no lease and no progress get a wake-up.
 
 Covers what the reaper cannot see: Redis lost its data (no lease, no index, no queue), an API that
-crashed between commit and send, a lost continuation. One worker sweeps per interval.
+crashed between commit and send, a lost continuation. One worker sweeps per interval. Each sweep also
+makes the admission slots follow the runs' state (`admission.reconcile_slots`).
 """
 
 from __future__ import annotations
@@ -46,4 +47,9 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
     if closed:
         log.warning("holds_closed", released=sum(h.outcome == "released" for h in closed),
                     settled=sum(h.outcome == "settled" for h in closed))
+    try:
+        # Slots follow run state: kept for live runs (rebuilt after a wipe), freed for ended ones.
+        admission.reconcile_slots(client)
+    except Exception as exc:  # the next sweep tries again; rescues above are done either way
+        log.warning("slot_reconcile_failed", error=repr(exc))
     return rescued
