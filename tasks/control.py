@@ -56,7 +56,7 @@ def _after_cancel(result: Cancelled, by: str) -> None:
         log.warning("cancel_mirror_failed", run_id=run_id, epoch=epoch, error=repr(exc))
     try:
         newest = get_redis().xrevrange(keys.events(run_id), count=1)
-        if not (newest and newest[0][1].get("eid") == CANCELLED_EVENT):  # type: ignore[index, union-attr]
+        if not (newest and newest[0][1].get("eid") == CANCELLED_EVENT):  # type: ignore[union-attr]
             data = {"by": by, "previous_state": result.previous_state, "credits_charged": result.credits_charged}
             if result.noop:
                 data = {"by": by, "repaired": True}
