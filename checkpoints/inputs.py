@@ -72,7 +72,9 @@ def _reply_txn(conn: Connection, run_id: str, text: str, by: str, user_id: str |
     now = now_ms()
     conn.execute(run_inputs.update().where(run_inputs.c.id == pending["id"])
                  .values(reply=text, replied_at_ms=now, replied_by=by))
-    values: dict[str, Any] = {"state": "queued", "error_class": None, "error": None, "updated_at_ms": now}
+    # Answering is no failed delivery: the crash budget of the step starts afresh.
+    values: dict[str, Any] = {"state": "queued", "error_class": None, "error": None, "deliveries": 0,
+                              "updated_at_ms": now}
     if pending["kind"] == "fixable":
         # The failed decision cannot be replayed as is: the model decides again, with the reply.
         values["phase"] = "done"
@@ -88,3 +90,27 @@ def for_run(run_id: str) -> list[Input]:
         rows = conn.execute(sa.select(run_inputs).where(run_inputs.c.run_id == run_id)
                             .order_by(run_inputs.c.id)).mappings().all()
     return [_input(r) for r in rows]
+
+
+def requeue_answered_txn(conn: Connection, actor: str, limit: int = 100) -> list[str]:
+    """Runs `waiting` with no unanswered question go back to `queued` (the sweeper then wakes them).
+
+    Parking and replying are each one conditional transaction, so this should find nothing; it is the
+    net for a run that waits on a question already answered (which would otherwise wait forever)."""
+    unanswered = sa.select(run_inputs.c.id).where(run_inputs.c.run_id == run_checkpoints.c.run_id,
+                                                 run_inputs.c.reply.is_(None))
+    rows = conn.execute(sa.select(run_checkpoints.c.run_id, run_checkpoints.c.epoch, run_checkpoints.c.step)
+                        .where(run_checkpoints.c.state == "waiting", ~unanswered.exists())
+                        .limit(limit)).all()
+    found = []
+    for run_id, epoch, step in rows:
+        # updated_at_ms is left alone: the run is overdue already, and the same sweep wakes it.
+        moved = conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
+                                                            run_checkpoints.c.state == "waiting",
+                                                            run_checkpoints.c.epoch == epoch)
+                             .values(state="queued", deliveries=0)).rowcount
+        if moved:
+            ledger.record_txn(conn, run_id, epoch, actor, "requeued",
+                              f"waiting at step {step} with every question answered: queued again")
+            found.append(run_id)
+    return found

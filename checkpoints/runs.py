@@ -26,12 +26,18 @@ from fenced.errors import FencedOut, InvalidRequest
 # about 0.1 ms of CPU each time, and a step runs about ten of them (see docs/benchmarks.md).
 _rc = run_checkpoints.c
 _GET_RUN = sa.select(run_checkpoints).where(_rc.run_id == sa.bindparam("w_run_id"))
+_GET_RUN_LOCKED = _GET_RUN.with_for_update()
+# Everything but the checkpoint blob: what a delivery needs to decide whether to take the lease at all.
+_PEEK_RUN = sa.select(*[c for c in run_checkpoints.c if c.name != "checkpoint"]).where(
+    _rc.run_id == sa.bindparam("w_run_id"))
 _CLAIM = run_checkpoints.update().where(
     _rc.run_id == sa.bindparam("w_run_id"), _rc.epoch == sa.bindparam("w_epoch"), _rc.state.in_(LIVE_STATES),
 ).values(epoch=sa.bindparam("v_epoch"), owner=sa.bindparam("v_owner"), state="running",
          deliveries=sa.bindparam("v_deliveries"), total_deliveries=sa.bindparam("v_total_deliveries"),
          updated_at_ms=sa.bindparam("v_updated_at_ms"))
-_OWNER = sa.select(_rc.owner, _rc.epoch).where(_rc.run_id == sa.bindparam("w_run_id"))
+_OWN_ATTEMPT = sa.select(run_attempts.c.id).where(
+    run_attempts.c.run_id == sa.bindparam("w_run_id"), run_attempts.c.epoch == sa.bindparam("w_epoch"),
+    run_attempts.c.worker == sa.bindparam("w_worker"))
 _INSERT_ATTEMPT = run_attempts.insert()
 _INSERT_STEP = run_steps.insert()
 _END_ATTEMPT = run_attempts.update().where(run_attempts.c.id == sa.bindparam("w_id")).values(
@@ -40,9 +46,11 @@ _END_ATTEMPT = run_attempts.update().where(run_attempts.c.id == sa.bindparam("w_
 
 @functools.cache
 def _fenced_update(columns: tuple[str, ...]) -> sa.Update:
-    """`UPDATE run_checkpoints SET <columns> WHERE run_id = ? AND epoch = ?`, built once per column set."""
+    """`UPDATE run_checkpoints SET <columns> WHERE run_id = ? AND epoch = ? AND state = 'running'`, built
+    once per column set. Every holder write expects the state its claim set: a write retried after
+    its first commit landed (and a person already moved the run on) must not undo that move."""
     return run_checkpoints.update().where(
-        _rc.run_id == sa.bindparam("w_run_id"), _rc.epoch == sa.bindparam("w_epoch"),
+        _rc.run_id == sa.bindparam("w_run_id"), _rc.epoch == sa.bindparam("w_epoch"), _rc.state == "running",
     ).values({c: sa.bindparam(f"v_{c}") for c in columns})
 
 
@@ -80,7 +88,7 @@ class Run:
     @classmethod
     def from_row(cls, row: Any) -> Run:
         data = dict(row)
-        data["checkpoint"] = codec.decode(data["checkpoint"])
+        data["checkpoint"] = codec.decode(data["checkpoint"]) if "checkpoint" in data else {}
         return cls(**data)
 
     @property
@@ -141,23 +149,50 @@ def list_runs(limit: int = 50, state: str | None = None) -> list[Run]:
         return [Run.from_row(r) for r in conn.execute(q).mappings().all()]
 
 
-def claim(run: Run, token: str) -> Claim | None:
-    """Bump the epoch if nobody claimed since `run` was read (compare-and-set); None if someone did."""
-    return in_txn(_claim_txn, run, token)
+@db_retry
+def peek_run(run_id: str) -> Run | None:
+    """The run row without its checkpoint (`checkpoint` is {}): enough to skip, drop or claim."""
+    with transaction(readonly=True) as conn:
+        row = conn.execute(_PEEK_RUN, {"w_run_id": run_id}).mappings().first()
+    return Run.from_row(row) if row else None
 
 
-def _claim_txn(conn: Connection, run: Run, token: str) -> Claim | None:
+def peek_run_txn(conn: Connection, run_id: str) -> Run | None:
+    """peek_run inside the caller's transaction."""
+    row = conn.execute(_PEEK_RUN, {"w_run_id": run_id}).mappings().first()
+    return Run.from_row(row) if row else None
+
+
+def claim(run: Run | str, token: str) -> Claim | None:
+    """Claim the run as it is now (epoch + 1, owner = `token`); None if it is not live any more.
+
+    The row is read inside the claim's transaction, locked: a snapshot read before the lease was taken
+    may be stale (the previous holder, slow but alive, can have written checkpoint A, a card or a park
+    since), and resuming from it would pay the model twice. The claim runs from what the row says."""
+    return in_txn(_claim_txn, run if isinstance(run, str) else run.run_id, token)
+
+
+def _claim_txn(conn: Connection, run_id: str, token: str) -> Claim | None:
+    row = conn.execute(_GET_RUN_LOCKED, {"w_run_id": run_id}).mappings().first()
+    if row is None:
+        return None
+    run = Run.from_row(row)
+    if run.owner == token:
+        # A retried transaction whose first commit landed finds its own token: the claim is ours.
+        attempt = conn.execute(_OWN_ATTEMPT, {"w_run_id": run_id, "w_epoch": run.epoch, "w_worker": token}).scalar()
+        if attempt is not None:
+            return Claim(run=run, epoch=run.epoch, token=token, attempt_id=int(attempt), takeover=False,
+                         previous_owner=None, deliveries=run.deliveries)
+    if run.state not in LIVE_STATES:
+        return None
     now = now_ms()
     epoch = run.epoch + 1
     updated = conn.execute(_CLAIM, {
         "w_run_id": run.run_id, "w_epoch": run.epoch, "v_epoch": epoch, "v_owner": token,
         "v_deliveries": run.deliveries + 1, "v_total_deliveries": run.total_deliveries + 1, "v_updated_at_ms": now,
     }).rowcount
-    if not updated:
-        # A retried transaction whose first commit landed finds its own token: the claim is ours.
-        mine = conn.execute(_OWNER, {"w_run_id": run.run_id}).first()
-        if mine is None or mine.owner != token or mine.epoch != epoch:
-            return None
+    if not updated:  # the row is locked: only a store without row locks gets here
+        return None
     attempt_id = conn.execute(_INSERT_ATTEMPT, {
         "run_id": run.run_id, "step": run.step, "epoch": epoch, "worker": token, "started_at_ms": now,
     }).inserted_primary_key[0]  # type: ignore[index]
@@ -183,6 +218,17 @@ def fenced_update_txn(conn: Connection, run_id: str, epoch: int, what: str, **va
                            ).rowcount
     if not updated:
         raise FencedOut(run_id, epoch, what)
+
+
+def record_fenced(c: Claim, kind: str, reason: str, detail: dict[str, Any] | None = None) -> None:
+    """A ledger entry by holder `c` that commits only while its epoch still owns the run (a retry
+    record, say): a fenced-out holder's notes never read as the current holder's. Raises FencedOut."""
+
+    def txn(conn: Connection) -> None:
+        fenced_update_txn(conn, c.run.run_id, c.epoch, f"ledger entry {kind}")
+        ledger.record_txn(conn, c.run.run_id, c.epoch, c.token, kind, reason, detail)
+
+    in_txn(txn)
 
 
 def _step_row_txn(conn: Connection, c: Claim, step: int, phase: str, blob: bytes, prompt: int, completion: int) -> None:
@@ -259,8 +305,9 @@ def park(c: Claim, reason: str, checkpoint: dict[str, Any], usage: Usage, last_e
     blob = codec.encode(checkpoint)
 
     def txn(conn: Connection) -> None:
+        # Waiting on a person is no failed delivery: the crash budget starts afresh (as at checkpoint B).
         fenced_update_txn(conn, c.run.run_id, c.epoch, "park (waiting)", state="waiting", owner=None,
-                          checkpoint=blob,
+                          checkpoint=blob, deliveries=0,
                           error_class="fixable", error=reason, prompt_tokens=usage.prompt_tokens,
                           completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
                           last_event_id=last_event_id)

@@ -121,6 +121,8 @@ def submit(
     query: Annotated[str, typer.Argument(help="What the user asked.")],
     user: Annotated[str, typer.Option("--user", "-u", help="The user the run is billed to.")] = "cli",
     kind: Annotated[Kind, typer.Option("--kind", "-k", help="normal or large (bigger hold, own queue).")] = Kind.normal,
+    key: Annotated[str | None, typer.Option(
+        "--key", help="Idempotency key: submitting again with the same user and key returns the same run.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a run (row + billing hold) and send its first wake-up; prints the run id."""
@@ -134,7 +136,7 @@ def submit(
     from tasks import submit_run
 
     try:
-        run_id = submit_run(user, query, kind.value)
+        run_id = submit_run(user, query, kind.value, idempotency_key=key)
     except (InvalidRequest, AdmissionRefused) as exc:
         fail(str(exc))
     if as_json:

@@ -43,7 +43,8 @@ def point(name: str, run_id: str) -> None:
     elif action == "stop":
         os.killpg(os.getpgid(0), signal.SIGSTOP)  # returns here after SIGCONT, and goes on writing
         return
-    time.sleep(3600)
+    # hang: this thread alone stops (a tool or HTTP call with no timeout); the process stays alive.
+    time.sleep(float(client.hget(keys.FAULTS, f"{name}:hang_s") or 3600))
 
 
 def next_hit(timeout_s: float) -> tuple[str, str, int] | None:
@@ -60,10 +61,11 @@ def next_hit(timeout_s: float) -> tuple[str, str, int] | None:
     return None
 
 
-def arm(name: str, times: int = 1, action: str = "hang") -> None:
-    """Make the next `times` passes of point `name` fire `action` (hang, kill or stop)."""
+def arm(name: str, times: int = 1, action: str = "hang", hang_s: float = 3600) -> None:
+    """Make the next `times` passes of point `name` fire `action` (hang, kill or stop); a hang lasts
+    `hang_s` seconds, then the thread goes on (and finds itself fenced out if it was taken over)."""
     if name not in POINTS:
         raise ValueError(f"unknown fault point {name!r}; known: {', '.join(POINTS)}")
     if action not in ("hang", "kill", "stop"):
         raise ValueError(f"unknown fault action {action!r}")
-    get_redis().hset(keys.FAULTS, mapping={name: times, f"{name}:action": action})
+    get_redis().hset(keys.FAULTS, mapping={name: times, f"{name}:action": action, f"{name}:hang_s": hang_s})

@@ -5,7 +5,9 @@ from __future__ import annotations
 PREFIX = "fenced"
 
 # Global keys: no script touches two of them unless they share a hash tag.
-LEASE_INDEX = f"{PREFIX}:lease-deadlines"  # ZSET run_id -> lease deadline (ms); the reaper's index
+# ZSET "<holder>|<run_id>" -> lease deadline (ms); the reaper's index. One member per holder, so a
+# holder only ever removes or moves its own entry (a fenced-out holder cannot unwatch its successor).
+LEASE_INDEX = f"{PREFIX}:lease-deadlines"
 DEAD_LETTERS = f"{PREFIX}:dead-letters"  # STREAM of dead-lettered runs, capped
 SWEEPER_LOCK = f"{PREFIX}:sweeper-lock"  # one sweeper per interval across workers
 FAULTS = f"{PREFIX}:{{faults}}:armed"  # HASH point -> remaining hits (tests and chaos only)
@@ -25,6 +27,21 @@ ADMITTED_UNSENT = f"{PREFIX}:{ADMISSION_TAG}:unsent"  # ZSET run_id -> admit ms;
 
 def lease(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:lease"
+
+
+def index_member(run_id: str, holder: str) -> str:
+    """The lease index's member for `holder`'s lease on `run_id` (a token or a handoff value; no "|")."""
+    return f"{holder}|{run_id}"
+
+
+def index_run_id(member: str) -> str:
+    """The run id of a lease index member."""
+    return member.split("|", 1)[-1]
+
+
+def index_holder(member: str) -> str:
+    """The holder part of a lease index member."""
+    return member.split("|", 1)[0] if "|" in member else ""
 
 
 def held_by(process: str) -> str:

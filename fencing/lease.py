@@ -45,6 +45,10 @@ class Lease:
     ttl_ms: int
     token: str = field(default_factory=lambda: f"{process_token()}/{uuid.uuid4().hex[:12]}")
     lost: bool = False
+    epoch: int = -1  # the claim's epoch once claimed (for the ledger)
+    # time.monotonic() past which the watchdog stops renewing: the step overran step_timeout_s
+    renew_until: float | None = None
+    timed_out: bool = False
 
     @property
     def key(self) -> str:
@@ -55,6 +59,11 @@ class Lease:
         """The holder process's part of the token (the liveness registry's name for it)."""
         return self.token.split("/", 1)[0]
 
+    @property
+    def member(self) -> str:
+        """This holder's entry in the reaper's index."""
+        return keys.index_member(self.run_id, self.token)
+
     def acquire(self, step: int | None, client: redis.Redis | None = None) -> bool:
         """Take the lease if it is free, or if the previous step handed it over for `step`."""
         client = client or get_redis()
@@ -62,30 +71,49 @@ class Lease:
         scripts = scripts_for(client)
 
         def build(pipe: redis.client.Pipeline) -> None:
-            scripts.queue(pipe, "acquire", [self.key], [self.token, self.ttl_ms, handoff])
-            # GT: a refused acquire can only push a deadline later, never hide a lease from the reaper.
-            pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms}, gt=True)
+            scripts.queue(pipe, "acquire", [self.key, keys.rescue(self.run_id)], [self.token, self.ttl_ms, handoff])
+            # Our own index entry: a refused acquire cannot move anyone else's deadline.
+            pipe.zadd(keys.LEASE_INDEX, {self.member: now_ms() + self.ttl_ms})
+            if handoff:
+                # The handoff's entry is done with once someone took it (a refused acquire finds it
+                # taken by another delivery, which removes it too, or never set).
+                pipe.zrem(keys.LEASE_INDEX, keys.index_member(self.run_id, handoff))
             register(pipe, [self.run_id], self.process)
 
         taken = bool(scripts.execute(client, build)[0])
         if not taken:
-            # Not ours after all: keep the process's set to what it holds (a lease this process does
-            # hold through another delivery is added back by the watchdog's next renewal).
-            client.srem(keys.held_by(self.process), self.run_id)
+            # Not ours after all: no index entry, and the process's set keeps to what it holds (a lease
+            # this process does hold through another delivery is added back by the watchdog's renewal).
+            pipe = client.pipeline(transaction=False)
+            pipe.zrem(keys.LEASE_INDEX, self.member)
+            pipe.srem(keys.held_by(self.process), self.run_id)
+            pipe.execute()
         return taken
 
-    def release(self, handoff_step: int | None = None, client: redis.Redis | None = None) -> bool:
-        """Drop the lease, or leave a handoff for step `handoff_step` that expires like a lease."""
+    def release(self, handoff_step: int | None = None, client: redis.Redis | None = None,
+                watch_until_ms: int | None = None) -> bool:
+        """Drop the lease, or leave a handoff for step `handoff_step` that expires like a lease.
+
+        With `watch_until_ms`, this holder's index entry stays (moved to that deadline) so the reaper
+        rescues the run then unless `unwatch()` comes first: for a holder that lets go before its
+        last write (parking) or that stopped early and wants the run rescued soon. Returns True if
+        the lease was still ours."""
         client = client or get_redis()
         scripts = scripts_for(client)
         value = "" if handoff_step is None else handoff_value(handoff_step)
 
         def build(pipe: redis.client.Pipeline) -> None:
-            if handoff_step is None:
-                pipe.zrem(keys.LEASE_INDEX, self.run_id)
-            else:
-                pipe.zadd(keys.LEASE_INDEX, {self.run_id: now_ms() + self.ttl_ms})
             scripts.queue(pipe, "release", [self.key], [self.token, value, self.ttl_ms])
+            if value:
+                pipe.zadd(keys.LEASE_INDEX, {keys.index_member(self.run_id, value): now_ms() + self.ttl_ms})
+            if watch_until_ms is None:
+                pipe.zrem(keys.LEASE_INDEX, self.member)
+            else:
+                pipe.zadd(keys.LEASE_INDEX, {self.member: watch_until_ms})
             pipe.srem(keys.held_by(self.process), self.run_id)
 
-        return bool(scripts.execute(client, build)[-2])
+        return bool(scripts.execute(client, build)[0])
+
+    def unwatch(self, client: redis.Redis | None = None) -> None:
+        """Remove this holder's index entry (its last write committed after an early release)."""
+        (client or get_redis()).zrem(keys.LEASE_INDEX, self.member)

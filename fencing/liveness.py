@@ -71,9 +71,10 @@ def child_died(run_id: str, pid: int, send: Send) -> bool:
     """A prefork pool child died running `run_id`: release its lease (if still its own) and rescue now."""
     prefix = f"{socket.gethostname()}:{pid}:"
     client = get_redis()
-    if not scripts_for(client)("release_prefix", [keys.lease(run_id)], [prefix]):
+    released = scripts_for(client)("release_prefix", [keys.lease(run_id)], [prefix])
+    if not released:
         return False
-    client.zrem(keys.LEASE_INDEX, run_id)
+    client.zrem(keys.LEASE_INDEX, keys.index_member(run_id, released))
     return rescue(run_id, get_settings().lease_ttl_ms, f"pool child {pid} died running the step", send)
 
 
@@ -94,8 +95,9 @@ def _release_and_rescue(token: str, reason: str, send: Send) -> list[str]:
     scripts = scripts_for(client)
     rescued = []
     for run_id in held:
-        if scripts("release_prefix", [keys.lease(run_id)], [prefix]):
-            client.zrem(keys.LEASE_INDEX, run_id)
+        released = scripts("release_prefix", [keys.lease(run_id)], [prefix])
+        if released:
+            client.zrem(keys.LEASE_INDEX, keys.index_member(run_id, released))
             if rescue(run_id, get_settings().lease_ttl_ms, reason, send):
                 rescued.append(run_id)
     return rescued

@@ -42,22 +42,37 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
     expired: list[str] = client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch)  # type: ignore[assignment]
     if not expired:
         return rescued
-    # A deadline is computed by the client before the server sets the lease's PX, so a lease can
-    # outlive its entry by that pipeline's latency. Such a lease is live: its entry moves to the
-    # lease's real expiry (GT: never earlier than a renewal put it), instead of being popped and left
-    # to the sweeper. One round trip for the whole batch; the index and the leases stay in separate
-    # scripts, so no script spans two Redis Cluster slots.
+    # Each entry is one holder's. A deadline is computed by the client before the server sets the
+    # lease's PX, so a lease can outlive its entry by that pipeline's latency: such a lease is live, and
+    # its entry moves to the lease's real expiry (GT: never earlier than a renewal put it). An entry
+    # whose lease another holder has now is stale (that holder has its own entry) and just goes. One
+    # round trip for the whole batch; the index and the leases stay in separate scripts, so no script
+    # spans two Redis Cluster slots.
     pipe = client.pipeline(transaction=False)
-    for run_id in expired:
-        pipe.pttl(keys.lease(run_id))
-    live = {run_id: ttl for run_id, ttl in zip(expired, pipe.execute(), strict=True) if ttl > 0}
+    for member in expired:
+        pipe.get(keys.lease(keys.index_run_id(member)))
+        pipe.pttl(keys.lease(keys.index_run_id(member)))
+    replies = pipe.execute()
+    live: dict[str, int] = {}
+    stale: list[str] = []
+    for i, member in enumerate(expired):
+        value, ttl = replies[2 * i], replies[2 * i + 1]
+        if value is None:
+            continue
+        if value == keys.index_holder(member) and ttl > 0:
+            live[member] = now + ttl
+        else:
+            stale.append(member)
     if live:
-        client.zadd(keys.LEASE_INDEX, {run_id: now + ttl for run_id, ttl in live.items()}, gt=True)
-    for run_id in expired:
-        if run_id in live or not scripts("pop_expired", [keys.LEASE_INDEX], [run_id, now]):
+        client.zadd(keys.LEASE_INDEX, live, gt=True)
+    for member in expired:
+        if member in live or not scripts("pop_expired", [keys.LEASE_INDEX], [member, now]):
             continue  # still live, renewed meanwhile, or another reaper took it
-        # The marker blocks a second rescue for one lease lifetime: the rescued delivery's own lease
-        # cannot expire sooner, so a dead rescuer is reaped again on time.
+        if member in stale:
+            continue  # the run has another holder now, watched under its own entry
+        # The marker blocks a second rescue until a delivery takes the lease (acquire clears it) or one
+        # lease lifetime passes, so a dead rescuer is reaped again on time.
+        run_id = keys.index_run_id(member)
         if rescue(run_id, lease_ttl_ms, "lease expired without a handover", send):
             rescued.append(run_id)
     return rescued

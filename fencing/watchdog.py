@@ -35,7 +35,10 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
-    def track(self, lease: Lease) -> None:
+    def track(self, lease: Lease, step_timeout_s: float | None = None) -> None:
+        """Renew `lease` from now on; past `step_timeout_s` it is let go (see `renew_all`)."""
+        if step_timeout_s is not None:
+            lease.renew_until = time.monotonic() + step_timeout_s
         with self._lock:
             self._leases[lease.token] = lease
 
@@ -45,8 +48,21 @@ class Watchdog:
 
     def renew_all(self) -> None:
         """One round trip for every lease of the process: a renew script per lease and one ZADD."""
+        now = time.monotonic()
         with self._lock:
+            overdue = [lease for lease in self._leases.values()
+                       if not lease.lost and lease.renew_until is not None and now >= lease.renew_until]
+            for lease in overdue:
+                # A hung step (a tool or HTTP call with no timeout; the threads pool enforces no time
+                # limit) must not hold its run forever: stop renewing, so the lease runs out and the run
+                # is taken over from its last checkpoint. The stuck thread stops at its next boundary,
+                # and any write it still makes is refused by the epoch.
+                lease.lost = lease.timed_out = True
+                self._leases.pop(lease.token, None)
             leases = [lease for lease in self._leases.values() if not lease.lost]
+        for lease in overdue:
+            log.warning("step_timeout_lease_let_go", run_id=lease.run_id, epoch=lease.epoch, token=lease.token)
+            _record_timeout(lease)
         if not leases:
             return
         client = get_redis()
@@ -56,7 +72,7 @@ class Watchdog:
             for lease in leases:
                 scripts.queue(pipe, "renew", [lease.key], [lease.token, lease.ttl_ms])
             deadline = now_ms()
-            pipe.zadd(keys.LEASE_INDEX, {lease.run_id: deadline + lease.ttl_ms for lease in leases}, gt=True)
+            pipe.zadd(keys.LEASE_INDEX, {lease.member: deadline + lease.ttl_ms for lease in leases}, gt=True)
             pipe.zrem(keys.PRESUMED_DEAD, process_token())
             register(pipe, [lease.run_id for lease in leases])  # rebuilt after Redis lost it
 
@@ -85,6 +101,24 @@ class Watchdog:
                     get_redis().ping()
             except Exception as exc:  # Redis down: keep trying; the lease TTL decides
                 log.warning("lease_renew_failed", error=repr(exc))
+
+
+def _record_timeout(lease: Lease) -> None:
+    """Say in the ledger why the lease was let go, off the watchdog thread (a database wait must not
+    delay the renewals of every other lease)."""
+
+    def record() -> None:
+        from checkpoints import ledger
+        from fenced.settings import get_settings
+
+        try:
+            ledger.record(lease.run_id, lease.epoch, lease.token, "step_timeout",
+                          f"step ran past step_timeout_s={get_settings().step_timeout_s}: the watchdog stopped "
+                          "renewing its lease, so the run is taken over from its last checkpoint")
+        except Exception as exc:  # the record is best effort; the lease runs out regardless
+            log.warning("step_timeout_record_failed", run_id=lease.run_id, error=repr(exc))
+
+    threading.Thread(target=record, name="fenced-timeout-record", daemon=True).start()
 
 
 _watchdogs: dict[int, Watchdog] = {}

@@ -23,7 +23,7 @@ log = structlog.get_logger("tasks.delivery")
 def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]) -> str:
     """Handle one wake-up; returns what happened (for logs and tests). `send_next(run_id, step)` sends."""
     s = get_settings()
-    run = runs.get_run(run_id)
+    run = runs.peek_run(run_id)
     if run is None:
         log.warning("unknown_run", run_id=run_id)
         return "unknown"
@@ -42,23 +42,29 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         log.info("duplicate_dropped", run_id=run_id, epoch=run.epoch, step=run.step)
         return "duplicate"
     watchdog = get_watchdog(s.heartbeat_ms)
-    watchdog.track(lease)
     handoff: int | None = None
     claim = None
     outcome = "error"
     try:
-        claim = runs.claim(run, lease.token)
+        # The claim runs on the row as it is now, whatever the snapshot above said.
+        claim = runs.claim(run_id, lease.token)
         if claim is None:
-            log.info("claim_lost", run_id=run_id, epoch=run.epoch)
-            return "claim_lost"
-        blog = log.bind(run_id=run_id, epoch=claim.epoch, step=run.step)
+            outcome = "skipped"
+            now = runs.peek_run(run_id)
+            if now is not None and now.terminal:
+                _repair_final_event(now)
+            log.info("not_live_at_claim", run_id=run_id, state=now.state if now else None)
+            return outcome
+        lease.epoch = claim.epoch
+        watchdog.track(lease, s.step_timeout_s)
+        blog = log.bind(run_id=run_id, epoch=claim.epoch, step=claim.run.step)
         # The step raises the epoch mirror with its first event append (one round trip less); a dead
         # letter appends nothing before its fenced database write, so it raises the mirror here.
         if claim.deliveries > s.max_deliveries:
             if raise_epoch(run_id, claim.epoch) > claim.epoch:
                 raise FencedOut(run_id, claim.epoch, "epoch mirror")
-            dead_letter(claim, f"step {run.step} claimed {claim.deliveries - 1} times without finishing",
-                        {"worker": lease.token, "phase": run.phase, "previous_owner": run.owner})
+            dead_letter(claim, f"step {claim.run.step} claimed {claim.deliveries - 1} times without finishing",
+                        {"worker": lease.token, "phase": claim.run.phase, "previous_owner": claim.run.owner})
             outcome = "dead"
             return outcome
         result = StepRunner(claim, lease).run()
@@ -76,9 +82,10 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         return outcome
     except LeaseLost as exc:
         outcome = "lease_lost"
-        log.warning("lease_lost_stopping", run_id=run_id, epoch=claim.epoch if claim else None)
+        log.warning("lease_lost_stopping", run_id=run_id, epoch=claim.epoch if claim else None,
+                    step_timeout=lease.timed_out)
         if claim is not None:
-            _close(claim, "lease_lost", str(exc))
+            _close(claim, "step_timeout" if lease.timed_out else "lease_lost", str(exc))
         return outcome
     except Exception as exc:
         if not is_transient_db_error(exc):
@@ -120,12 +127,17 @@ def _close(claim: runs.Claim, outcome: str, error: str) -> None:
 
 
 def _let_go(lease: Lease, handoff: int | None, rescue_soon: bool) -> None:
-    """Release or hand over the lease; a delivery that stopped early asks the reaper to look now."""
+    """Release or hand over the lease; a delivery that stopped early asks the reaper to look now.
+
+    A lease the step timeout let go is left to run out (a wedged thread may still be in a write), so
+    the takeover comes after step timeout + lease, as the watchdog's ledger entry says."""
     try:
+        if lease.timed_out:
+            return
         if rescue_soon:
-            # Drop our lease (if still ours) and put the run at the front of the reaper's index.
-            lease.release(None)
-            get_redis().zadd(keys.LEASE_INDEX, {lease.run_id: now_ms()})
+            # Drop our lease (if still ours); our own index entry comes due now, so the reaper rescues
+            # the run on its next tick. Only our entry: a newer holder's stays as it is.
+            lease.release(None, watch_until_ms=now_ms())
         else:
             lease.release(handoff)
     except Exception as exc:  # Redis down: the lease expires by itself and the sweeper takes over

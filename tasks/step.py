@@ -12,15 +12,24 @@ from typing import Any
 
 import structlog
 
-from checkpoints import inputs, ledger, runs
+from checkpoints import inputs, runs
 from checkpoints.db import is_transient_db_error
 from checkpoints.runs import Claim, Usage
 from fenced import faults
-from fenced.errors import FixableError, LeaseLost, StepError, TerminalError, TransientError, WaitForInput
+from fenced.errors import (
+    FencedOut,
+    FixableError,
+    LeaseLost,
+    StepError,
+    TerminalError,
+    TransientError,
+    WaitForInput,
+)
 from fenced.settings import get_settings
 from fencing import admission, events, keys
 from fencing.connection import get_redis
-from fencing.lease import Lease
+from fencing.lease import Lease, now_ms
+from fencing.watchdog import get_watchdog
 from tasks.agent import get_model
 from tasks.agent.model import AgentContext, Decision, Model
 from tasks.agent.tools import ToolContext, run_tool
@@ -28,8 +37,9 @@ from tasks.agent.tools import ToolContext, run_tool
 log = structlog.get_logger("tasks.step")
 
 # A run's last event by how it ended: (event id, type). The id is fixed, so a repaired one merges.
+# Every terminal state has one (an expired run is `failed` with error_class "expired").
 FINAL_EVENTS = {"done": ("run:done", "run_done"), "failed": ("run:failed", "run_failed"),
-                "dead": ("run:dead", "run_dead")}
+                "dead": ("run:dead", "run_dead"), "cancelled": ("run:cancelled", "run_cancelled")}
 
 
 @dataclass(frozen=True)
@@ -167,9 +177,8 @@ class StepRunner:
                 raise RetriesExhausted(f"{what}: {error} (after {attempt} retries)") from error
             delay_ms = min(s.retry_base_ms * 2**attempt, s.retry_cap_ms)
             delay_ms += random.uniform(0, delay_ms / 2)
-            ledger.record(self.run_id, self.c.epoch, self.c.token, "retry",
-                          f"{what} failed transiently: {error}; retry {attempt + 1} of {s.retry_budget} "
-                          f"in {delay_ms:.0f} ms", {"class": "transient", "attempt": attempt + 1})
+            runs.record_fenced(self.c, "retry", f"{what} failed transiently: {error}; retry {attempt + 1} of "
+                               f"{s.retry_budget} in {delay_ms:.0f} ms", {"class": "transient", "attempt": attempt + 1})
             self.log.warning("transient_retry", what=what, error=str(error), delay_ms=round(delay_ms))
             time.sleep(delay_ms / 1000)
             self.boundary()
@@ -190,13 +199,24 @@ class StepRunner:
         return {"history": self.history, **({"waited": True} if self.waited else {}), **extra}
 
     def _park(self, question: str, input_id: str, kind: str) -> Outcome:
-        """Wait for a person: the question is recorded (once), the run parks, the lease is released."""
+        """Wait for a person: the question is recorded (once), the lease let go, then the run parks.
+
+        The lease goes first (DESIGN: let go before anything can wake the run): a reply can land the
+        moment `waiting` commits, and its wake-up must find the lease free. Our index entry stays until
+        the park commits, so a crash in between is rescued by the reaper. `run_waiting` is emitted
+        after the commit, so a client that replies on seeing it finds the run waiting."""
         if kind == "fixable":
             inputs.ask(self.c, input_id, self.step, question, kind="fixable")
-        self.emit(f"wait:{input_id}", "run_waiting", {"question": question, "input_id": input_id, "kind": kind})
         self.waited = True
         decided = {"decision": self.decision.to_dict()} if self.decision else {}  # a replay needs it
+        get_watchdog(self.settings.heartbeat_ms).untrack(self.lease)
+        self.lease.release(None, watch_until_ms=now_ms() + self.lease.ttl_ms)
         runs.park(self.c, question, self._checkpoint(**decided), self.usage, self.last_event_id)
+        self.lease.unwatch()
+        try:
+            self.emit(f"wait:{input_id}", "run_waiting", {"question": question, "input_id": input_id, "kind": kind})
+        except FencedOut:
+            self.log.info("run_waiting_event_superseded")  # answered and claimed already: the run moved on
         self.log.info("run_waiting", kind=kind, input_id=input_id)
         return Outcome("waiting")
 
@@ -212,16 +232,21 @@ class StepRunner:
 
     def _dead(self, reason: str) -> Outcome:
         dead_letter(self.c, reason, {"step": self.step, "history_steps": len(self.history)})
-        self.emit(*FINAL_EVENTS["dead"], {"reason": reason})
         return Outcome("dead")
 
 
 def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> None:
-    """Dead-letter the run in the database, then add it to the capped dead-letter stream."""
+    """Dead-letter the run in the database, add it to the capped dead-letter stream, end its event
+    stream with `run_dead` (a lost one is repaired by the next delivery, which finds the run dead)."""
     attempts = runs.dead_letter(c, reason, observations)
     admission.release_slot(c.run.user_id, c.run.run_id)
     s = get_settings()
-    get_redis().xadd(keys.DEAD_LETTERS, {"run_id": c.run.run_id, "step": str(c.run.step), "reason": reason,
-                                         "attempts": str(len(attempts)), "at_ms": str(int(time.time() * 1000))},
-                     maxlen=s.dead_letter_keep, approximate=False)
+    try:
+        get_redis().xadd(keys.DEAD_LETTERS, {"run_id": c.run.run_id, "step": str(c.run.step), "reason": reason,
+                                             "attempts": str(len(attempts)), "at_ms": str(int(time.time() * 1000))},
+                         maxlen=s.dead_letter_keep, approximate=False)
+        events.append(c.run.run_id, c.epoch, *FINAL_EVENTS["dead"], c.run.step, {"reason": reason},
+                      raise_mirror=True)
+    except (Exception, FencedOut) as exc:  # the database says dead; the stream is repaired later
+        log.warning("dead_letter_redis_failed", run_id=c.run.run_id, epoch=c.epoch, error=repr(exc))
     log.error("dead_lettered", run_id=c.run.run_id, epoch=c.epoch, reason=reason)

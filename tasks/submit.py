@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import structlog
+import uuid
 
-from checkpoints import runs
+import sqlalchemy as sa
+import structlog
+from sqlalchemy.engine import Connection
+
+from checkpoints import billing, runs
 from checkpoints.db import in_txn
+from fenced.errors import FencedOut, InvalidRequest
 from fencing import admission, events
 from tasks import queues
 
@@ -13,25 +18,58 @@ log = structlog.get_logger("tasks.submit")
 
 # The queues first wake-ups wait in: what the global admission limit counts.
 ADMISSION_QUEUES = (queues.NORMAL, queues.LARGE)
+# Run ids made from a client's idempotency key live in their own namespace (uuid5 of user and key).
+_KEYED_RUNS = uuid.UUID("6f2b1d0e-7a43-5c1e-9b7e-0d4c6a1f3e25")
 
 
-def submit_run(user_id: str, query: str, kind: str = "normal") -> str:
+def run_id_for_key(user_id: str, idempotency_key: str) -> str:
+    """The run id a submit with this key gets: the same for the same user and key, byte for byte."""
+    return str(uuid.uuid5(_KEYED_RUNS, f"{len(user_id)}:{user_id}:{idempotency_key}"))
+
+
+def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: str | None = None) -> str:
     """Create a run and wake it; returns the run id (= the Celery task id of its first message).
+
+    With `idempotency_key`, a retried submit (same user, same key) returns the run the first one
+    created and creates nothing; the same key with another query or kind is refused. Whenever the run
+    exists, its id is returned: a worker that claims it before this call appends its first event, or
+    a commit whose reply was lost, never turns into an error that would invite a second submit.
 
     Raises AdmissionRefused (a limit; see `retry_after_s`), InsufficientCredits or InvalidRequest, and
     then nothing was written. If the process dies between the commit and the send, the sweeper sends
     the wake-up."""
     from tasks.app import run_agent
 
-    run_id = runs.new_run_id()
+    if idempotency_key is not None:
+        if not idempotency_key or len(idempotency_key) > 200:
+            raise InvalidRequest("idempotency_key must be 1 to 200 characters")
+        run_id = run_id_for_key(user_id, idempotency_key)
+        existing = runs.peek_run(run_id)
+        if existing is not None:
+            _same_request(existing, user_id, query, kind)
+            log.info("submit_deduplicated", run_id=run_id, epoch=existing.epoch)
+            return run_id
+    else:
+        run_id = runs.new_run_id()
     admission.admit(run_id, user_id, ADMISSION_QUEUES)
     try:
-        credits = in_txn(runs.create_run_txn, run_id, user_id, kind, query, "api")
+        credits = in_txn(_create_once_txn, run_id, user_id, kind, query)
+    except sa.exc.IntegrityError:
+        # A concurrent submit with the same key inserted the run first: that one is the run.
+        existing = runs.peek_run(run_id)
+        if existing is None:
+            admission.release_slot(user_id, run_id)
+            raise
+        _same_request(existing, user_id, query, kind)
+        return run_id
     except BaseException:
-        admission.release_slot(user_id, run_id)  # no run: the slot goes back
+        if runs.peek_run(run_id) is None:
+            admission.release_slot(user_id, run_id)  # no run: the slot goes back
         raise
     try:
         events.append(run_id, 0, "run:queued", "run_queued", 0, {"kind": kind, "credits_held": credits})
+    except FencedOut:
+        pass  # a worker claimed the run already: its stream goes on without the queued event
     except Exception as exc:  # the stream is best effort; the row is the truth
         log.warning("queued_event_failed", run_id=run_id, epoch=0, error=repr(exc))
     try:
@@ -45,3 +83,19 @@ def submit_run(user_id: str, query: str, kind: str = "normal") -> str:
         # The message now counts in the queue's list (or the sweeper owns the send): not unsent any more.
         admission.mark_sent(run_id)
     return run_id
+
+
+def _create_once_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str) -> int:
+    """create_run_txn, unless this run id exists already: a retry of a transaction whose commit landed
+    (its reply lost). Returns the credits held."""
+    existing = runs.peek_run_txn(conn, run_id)
+    if existing is not None:
+        _same_request(existing, user_id, query, kind)
+        return billing.hold_credits(existing.kind)
+    return runs.create_run_txn(conn, run_id, user_id, kind, query, "api")
+
+
+def _same_request(run: runs.Run, user_id: str, query: str, kind: str) -> None:
+    if (run.user_id, run.query, run.kind) != (user_id, query, kind):
+        raise InvalidRequest(f"idempotency key already used for run {run.run_id} with a different query or kind; "
+                             "use a new key for a new request")

@@ -20,7 +20,8 @@ def test_acquire_is_exclusive_and_release_is_compare_and_delete(redis_client):
     assert redis_client.get(keys.lease("r1")) == a.token
     assert a.release()
     assert redis_client.get(keys.lease("r1")) is None
-    assert redis_client.zscore(keys.LEASE_INDEX, "r1") is None
+    assert [keys.index_run_id(m) for m in redis_client.zrange(keys.LEASE_INDEX, 0, -1)] == [], \
+        "a released lease and a refused acquire leave no index entry"
     assert b.acquire(0)
 
 
@@ -119,10 +120,10 @@ def test_a_lease_that_outlives_its_index_entry_stays_watched(redis_client):
 
     now = now_ms()
     redis_client.set(keys.lease("late"), "holder", px=400)
-    redis_client.zadd(keys.LEASE_INDEX, {"late": now - 1})
+    redis_client.zadd(keys.LEASE_INDEX, {keys.index_member("late", "holder"): now - 1})
     sent: list[str] = []
     assert reaper.reap(sent.append, 400) == [] and sent == []
-    deadline = redis_client.zscore(keys.LEASE_INDEX, "late")
+    deadline = redis_client.zscore(keys.LEASE_INDEX, keys.index_member("late", "holder"))
     assert deadline is not None and deadline > now, "the entry must stay, at the lease's own expiry"
     time.sleep(0.45)
     assert reaper.reap(sent.append, 400) == ["late"] == sent
@@ -148,7 +149,7 @@ def test_watchdog_renews_in_one_batch_and_marks_lost_leases(redis_client):
     wd.renew_all()
     assert not a.lost and b.lost
     assert redis_client.pttl(keys.lease("w1")) > 0
-    assert redis_client.zscore(keys.LEASE_INDEX, "w1") > now_ms()
+    assert redis_client.zscore(keys.LEASE_INDEX, a.member) > now_ms()
 
 
 def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client, monkeypatch):

@@ -43,17 +43,41 @@ def test_bad_input_writes_nothing(store):
         assert conn.execute(sa.select(sa.func.count()).select_from(run_holds)).scalar() == 0
 
 
-def test_claim_is_compare_and_set_on_the_epoch(store):
+def test_claim_bumps_the_epoch_and_names_the_previous_holder(store):
     run = new_run()
     first = runs.claim(run, "worker-a/1")
     assert first is not None and first.epoch == 1 and not first.takeover
-    assert runs.claim(run, "worker-b/1") is None, "a claim from a stale snapshot must lose"
-    again = runs.get_run(run.run_id)
-    second = runs.claim(again, "worker-b/2")
+    second = runs.claim(run, "worker-b/1")
     assert second is not None and second.epoch == 2
     assert second.takeover and second.previous_owner == "worker-a/1"
     kinds = [e.kind for e in ledger.history(run.run_id)]
     assert kinds == ["submitted", "claimed", "takeover"]
+
+
+def test_a_claim_runs_on_the_row_as_it_is_not_on_a_stale_snapshot(store):
+    """Defect 3: a rescue read the row (phase none), then the slow holder, still owning its epoch, wrote
+    checkpoint A. A claim that resumed from the snapshot would call the model again (paid twice) and
+    could make a second card; the claim must resume from the row as it is at the claim."""
+    run = new_run()
+    holder = runs.claim(run, "slow/1")
+    snapshot = runs.get_run(run.run_id)
+    assert snapshot.phase == "none"
+    runs.write_decided(holder, 0, {"decision": {"name": "planner"}}, Usage(10, 5, 1), "1-0")
+    rescue = runs.claim(snapshot, "rescuer/1")
+    assert rescue is not None and rescue.epoch == 2 and rescue.previous_owner == "slow/1"
+    assert (rescue.run.phase, rescue.run.model_calls) == ("decided", 1), "resume from checkpoint A, no second call"
+    assert rescue.run.checkpoint == {"decision": {"name": "planner"}}
+    with pytest.raises(FencedOut):
+        runs.write_step_done(holder, 0, {"history": []}, Usage(10, 5, 1), "")
+
+
+def test_a_waiting_or_finished_run_is_not_claimed_from_a_live_snapshot(store):
+    run = new_run()
+    snapshot = runs.get_run(run.run_id)
+    c = runs.claim(run, "w/1")
+    runs.park(c, "which colour?", {}, Usage(), "")
+    assert runs.claim(snapshot, "w/2") is None, "a parked run waits for its reply, not for a claim"
+    assert runs.get_run(run.run_id).state == "waiting"
 
 
 def test_stale_epoch_write_is_refused_everywhere(store):

@@ -1,0 +1,252 @@
+"""Issue 10, defects 1-7, 9, 10 and the ledger tightening: each test failed on the code before its fix.
+
+Real Redis, MariaDB and SQLite; real worker processes where a worker is involved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from checkpoints import inputs, ledger, runs
+from checkpoints.db import in_txn, transaction
+from checkpoints.runs import Usage
+from fenced import faults
+from fenced.errors import FencedOut, InvalidRequest
+from fencing import epoch, events, keys, liveness, reaper
+from fencing.lease import Lease
+from tasks import submit_run
+from tests.workers_fixture import wait_for, wait_terminal
+
+
+def new_run(query: str = "buy headphones", user: str = "user-1") -> runs.Run:
+    run_id = runs.new_run_id()
+    in_txn(runs.create_run_txn, run_id, user, "normal", query, "test")
+    run = runs.get_run(run_id)
+    assert run is not None
+    return run
+
+
+def _index_members(client: Any, run_id: str) -> list[str]:
+    return [m for m in client.zrange(keys.LEASE_INDEX, 0, -1) if m.split("|")[-1] == run_id]
+
+
+# -- 1. a hung step ---------------------------------------------------------------------------------
+HANG_ENV = {"FENCED_STEP_TIMEOUT_S": "1"}
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_hung_step_is_taken_over_after_the_step_timeout_and_fenced_out_when_it_wakes(workers, pool):
+    """Defect 1: the watchdog kept renewing a hung step's lease, so nobody ever took the run over."""
+    workers.start("a", pool=pool, concurrency=2, **HANG_ENV)
+    workers.start("b", pool=pool, concurrency=2, **HANG_ENV)
+    faults.arm("after_model_call", action="hang", hang_s=6)
+    run_id = submit_run("u1", "buy a kettle")
+    hit = faults.next_hit(20)
+    assert hit and hit[1] == run_id, "no step hung"
+    hung_pid = hit[2]
+    [run] = wait_terminal([run_id], timeout=30)
+    assert run.state == "done"
+    history = ledger.history(run_id)
+    timeouts = [e for e in history if e.kind == "step_timeout"]
+    assert len(timeouts) == 1 and timeouts[0].actor.split(":")[1] == str(hung_pid), [e.kind for e in history]
+    assert any(e.kind == "takeover" for e in history)
+    # The hung thread wakes after 6 s and must be refused at its next write.
+    wait_for(lambda: any(e.kind == "fence_rejected" and e.actor == timeouts[0].actor
+                         for e in ledger.history(run_id)), 15, "the woken thread to be fenced out")
+    view = events.live_view(events.read(run_id))
+    assert [e.type for e in view].count("run_done") == 1
+
+
+@pytest.mark.chaos
+def test_a_step_that_hangs_at_every_delivery_is_dead_lettered(workers):
+    """Defect 1 (and 4): a step hanging every time is a poison run: dead after max_deliveries, and its
+    stream ends with run_dead."""
+    workers.start("a", concurrency=3, **HANG_ENV)
+    workers.start("b", concurrency=3, **HANG_ENV)
+    faults.arm("after_model_call", times=10, action="hang", hang_s=60)
+    run_id = submit_run("u1", "buy a toaster")
+    [run] = wait_terminal([run_id], timeout=45)
+    assert run.state == "dead", run.error
+    assert "claimed 3 times" in (run.error or "")
+    assert sum(e.kind == "step_timeout" for e in ledger.history(run_id)) == 3
+    assert events.read(run_id)[-1].type == "run_dead", "every terminal state ends the stream"
+
+
+# -- 2. waiting on a person is no failed delivery ---------------------------------------------------
+def test_parking_and_answering_do_not_use_up_the_crash_budget(store):
+    """Defect 2: three questions in one step counted as three failed deliveries: dead-lettered."""
+    run = new_run()
+    for turn in range(4):
+        c = runs.claim(run, f"w/{turn}")
+        assert c is not None and c.deliveries == 1, f"claim {turn} after a reply counts as a first delivery"
+        inputs.ask(c, f"call-{turn}", 0, f"question {turn}?")
+        runs.park(c, f"question {turn}?", {}, Usage(), "")
+        inputs.reply(run.run_id, f"answer {turn}", "user-1")
+
+
+# -- 4. every terminal state has its final event, and the repair knows them all ---------------------
+def test_the_repair_path_knows_every_terminal_state():
+    from tasks.step import FINAL_EVENTS
+
+    assert set(FINAL_EVENTS) == {"done", "failed", "dead", "cancelled"}
+
+
+# -- 5. fast takeover never waits for an old rescue marker ------------------------------------------
+def test_a_holder_that_dies_soon_after_its_own_rescue_is_rescued_at_once(redis_client, settings_env):
+    """Defect 5: the rescue marker of the rescue that woke this holder blocked the fast path's rescue,
+    leaving the run with no lease, no index entry and no message until the sweeper."""
+    settings_env(fast_takeover=1, lease_ttl_ms=30_000)
+    from fencing.connection import process_token
+
+    sent: list[str] = []
+    assert reaper.rescue("r5", 30_000, "lease expired", sent.append)
+    holder = Lease("r5", 30_000)
+    assert holder.acquire(None), "the rescued delivery takes the lease"
+    assert liveness.presume_dead(process_token(), sent.append) == ["r5"]
+    assert sent == ["r5", "r5"], "the dead holder's run must get a fresh wake-up now"
+    # Child death, the prefork path, likewise.
+    again = Lease("r5", 30_000)
+    assert again.acquire(None)
+    import os
+    import socket
+
+    assert liveness.child_died("r5", os.getpid(), sent.append)
+    assert socket.gethostname() and sent == ["r5"] * 3
+    assert not _index_members(redis_client, "r5"), "the dead holders' index entries are gone"
+
+
+# -- 6. park lets go of the lease before `waiting` commits ------------------------------------------
+class _AskModel:
+    def decide(self, ctx: Any) -> Any:
+        from tasks.agent.model import Decision, ToolCall
+
+        if ctx.step == 0 and not ctx.replies:
+            return Decision("ask", "asking", [ToolCall("call-ask", "ask_user", {"question": "Size?"})],
+                            prompt_tokens=3, completion_tokens=1)
+        return Decision("done", "ok", [], final=True, answer="ok", prompt_tokens=3, completion_tokens=1)
+
+
+def test_a_reply_landing_right_after_the_park_is_not_dropped(store, monkeypatch):
+    """Defect 6: park committed `waiting` while the lease was held; a reply and its wake-up in that
+    window were dropped as duplicates. The lease must be free when `waiting` commits, and run_waiting
+    comes after the commit."""
+    from fenced.settings import get_settings
+    from fencing.connection import get_redis
+    from tasks.delivery import deliver
+    from tasks.step import StepRunner
+
+    run = new_run()
+    lease = Lease(run.run_id, get_settings().lease_ttl_ms)
+    assert lease.acquire(0)
+    c = runs.claim(run, lease.token)
+    seen: dict[str, Any] = {}
+    park = runs.park
+
+    def observing_park(*args: Any, **kwargs: Any) -> None:
+        seen["lease_at_park"] = get_redis().get(lease.key)
+        seen["events_at_park"] = [e.type for e in events.read(run.run_id)]
+        park(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "park", observing_park)
+    assert StepRunner(c, lease, model=_AskModel()).run().state == "waiting"
+    assert seen["lease_at_park"] is None, "the lease must be let go before `waiting` commits"
+    assert "run_waiting" not in seen["events_at_park"], "run_waiting only after the commit"
+    assert events.read(run.run_id)[-1].type == "run_waiting"
+    inputs.reply(run.run_id, "size 42", "user-1")
+    sent: list[tuple[str, int]] = []
+    assert deliver(run.run_id, 0, lambda r, s: sent.append((r, s))) == "continue", "the reply's wake-up must run"
+
+
+# -- 7. a fenced-out holder never removes its successor's index entry -------------------------------
+def test_a_fenced_out_holders_release_leaves_the_new_holders_index_entry(redis_client):
+    old = Lease("r7", 2000)
+    assert old.acquire(0)
+    redis_client.delete(old.key)  # expired while the old holder was frozen
+    new = Lease("r7", 2000)
+    assert new.acquire(0)
+    assert not old.release(None), "not the old holder's lease any more"
+    assert len(_index_members(redis_client, "r7")) == 1, "the new holder must stay watched"
+
+
+def test_a_refused_acquire_does_not_push_the_holders_deadline_out(redis_client):
+    holder = Lease("r7b", 2000)
+    assert holder.acquire(0)
+    [member] = _index_members(redis_client, "r7b")
+    deadline = redis_client.zscore(keys.LEASE_INDEX, member)
+    later = Lease("r7b", 60_000)
+    assert not later.acquire(0)
+    assert _index_members(redis_client, "r7b") == [member], "the refused acquire leaves no entry"
+    assert redis_client.zscore(keys.LEASE_INDEX, member) == deadline, "the holder's deadline is unchanged"
+
+
+# -- 9. a retried park cannot overwrite a reply ------------------------------------------------------
+def test_a_retried_park_after_a_reply_is_refused(store):
+    run = new_run()
+    c = runs.claim(run, "w/1")
+    inputs.ask(c, "call-1", 0, "colour?")
+    runs.park(c, "colour?", {}, Usage(), "")
+    inputs.reply(run.run_id, "red", "user-1")
+    with pytest.raises(FencedOut):
+        runs.park(c, "colour?", {}, Usage(), "")  # the retry of a park whose commit reply was lost
+    assert runs.get_run(run.run_id).state == "queued", "the reply stands"
+
+
+def test_a_waiting_run_whose_question_is_answered_is_found(store):
+    from checkpoints.schema import run_checkpoints
+
+    run = new_run()
+    c = runs.claim(run, "w/1")
+    inputs.ask(c, "call-1", 0, "colour?")
+    runs.park(c, "colour?", {}, Usage(), "")
+    inputs.reply(run.run_id, "red", "user-1")
+    with transaction() as conn:  # as the old code left it: waiting, with its question answered
+        conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run.run_id).values(state="waiting"))
+    assert in_txn(inputs.requeue_answered_txn, "sweeper") == [run.run_id]
+    assert runs.get_run(run.run_id).state == "queued"
+    assert in_txn(inputs.requeue_answered_txn, "sweeper") == []
+
+
+# -- 10. submit returns the run whenever it exists; idempotency keys ---------------------------------
+def test_submit_returns_the_run_even_when_a_worker_claimed_it_first(mysql_store, monkeypatch):
+    """Defect 10: FencedOut (a BaseException) escaped submit_run when a worker's claim raised the epoch
+    mirror before the submitter appended run_queued: the caller saw an error for a run that exists."""
+    fixed = runs.new_run_id()
+    monkeypatch.setattr(runs, "new_run_id", lambda: fixed)
+    epoch.raise_epoch(fixed, 1)  # the claim's mirror, raised before the submitter's first event
+    assert submit_run("u10", "buy a lamp") == fixed
+    assert runs.get_run(fixed) is not None
+
+
+def test_a_submit_retried_after_its_commit_landed_creates_nothing_new(store):
+    from tasks.submit import _create_once_txn
+
+    run_id = runs.new_run_id()
+    assert in_txn(_create_once_txn, run_id, "u10", "normal", "buy a lamp") == 20
+    assert in_txn(_create_once_txn, run_id, "u10", "normal", "buy a lamp") == 20, "a retry is no error"
+    from checkpoints.accounts import get_account
+
+    assert get_account("u10").held_credits == 20, "one hold"
+
+
+def test_an_idempotency_key_returns_the_same_run(mysql_store):
+    first = submit_run("u11", "buy socks", idempotency_key="order-7")
+    assert submit_run("u11", "buy socks", idempotency_key="order-7") == first
+    assert submit_run("u12", "buy socks", idempotency_key="order-7") != first, "keys are per user"
+    with pytest.raises(InvalidRequest, match="idempotency key"):
+        submit_run("u11", "buy shoes", idempotency_key="order-7")
+    from checkpoints.accounts import get_account
+
+    assert get_account("u11").held_credits == 20
+
+
+# -- ledger rows of a fenced-out holder --------------------------------------------------------------
+def test_a_fenced_out_holders_retry_record_is_refused(store):
+    run = new_run()
+    old = runs.claim(run, "old/1")
+    runs.claim(run, "new/1")
+    with pytest.raises(FencedOut):
+        runs.record_fenced(old, "retry", "model failed transiently")
+    assert "retry" not in [e.kind for e in ledger.history(run.run_id)]
