@@ -103,7 +103,8 @@ def seed(n: int) -> list[str]:
         pipe = client.pipeline(transaction=False)
         for run_id in part:
             pipe.set(keys.lease(run_id), f"bench-host:1:feed/{run_id[:8]}", px=60_000)
-        pipe.zadd(keys.LEASE_INDEX, {run_id: now + 60_000 for run_id in part})
+        pipe.zadd(keys.LEASE_INDEX, {keys.index_member(run_id, f"bench-host:1:feed/{run_id[:8]}"): now + 60_000
+                                     for run_id in part})
         pipe.execute()
         with transaction() as conn:
             conn.execute(sa.insert(run_checkpoints), [dict(

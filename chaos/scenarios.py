@@ -303,8 +303,51 @@ def redis_blip(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> S
     return result
 
 
+def hang(cfg: ChaosConfig, times: int = 5, progress: Progress = print) -> ScenarioResult:
+    """A step that never returns (a tool or HTTP call without a timeout), on the threads and the prefork
+    pool: the run is taken over after step timeout + lease (and the hung thread, when it wakes, is fenced
+    out); a step that hangs at every delivery is dead-lettered after max_deliveries."""
+    step_timeout_s = 1
+    result = ScenarioResult("hang", {"times": times, "lease_ms": cfg.lease_ms, "step_timeout_s": step_timeout_s})
+    bound_ms = step_timeout_s * 1000 + cfg.lease_ms + 2000
+    for pool in ("threads", "prefork"):
+        with _cluster(cfg, faults_armed=True) as (cluster, submit):
+            cluster.start(2, pool=pool, FENCED_STEP_TIMEOUT_S=str(step_timeout_s))
+            for i in range(times):
+                # Wakes after the takeover, so its next write meets the newer epoch.
+                faults.arm("after_model_call", action="hang", hang_s=step_timeout_s + cfg.lease_ms / 1000 + 3)
+                run_id = submit(f"hang-{pool}-{i}", QUERIES[i % len(QUERIES)])
+                hit = faults.next_hit(30)
+                if hit is None or hit[1] != run_id:
+                    result.fail(run_id, "hang", "no step hung: the scenario did nothing")
+                    continue
+                hung_ms = time.time() * 1000
+                wait_terminal([run_id], cfg.timeout_s)
+                at = resumed_at_ms(run_id, hung_ms)
+                history = ledger.history(run_id)
+                if not any(e.kind == "step_timeout" for e in history):
+                    result.fail(run_id, "hang", "no step_timeout in the ledger: the lease was never let go")
+                if at is None:
+                    result.fail(run_id, "stream", "a hung step but no task_resumed")
+                else:
+                    result.latency(f"{pool} hang takeover", at - hung_ms)
+                    if at - hung_ms > bound_ms:
+                        result.fail(run_id, "bound", f"taken over {at - hung_ms:.0f} ms after the hang "
+                                                     f"(bound: step timeout + lease + 2 s = {bound_ms} ms)")
+                judge(result, [run_id], None)
+                progress(f"hang ({pool}) {i + 1}/{times}")
+            faults.arm("after_model_call", times=get_settings().max_deliveries, action="hang")
+            bad = submit(f"hang-always-{pool}", QUERIES[0])
+            wait_terminal([bad], cfg.timeout_s)
+            judge(result, [bad], None, expect="dead")
+            if last_events([bad]).get(bad, ("", 0))[0] != "run_dead":
+                result.fail(bad, "stream", "dead-lettered, but the stream does not end with run_dead")
+            progress(f"hang ({pool}): a step hanging at every delivery was dead-lettered")
+    return result
+
+
 SCENARIOS = {"kill": kill, "zombie": zombie, "wipe": wipe, "db-restart": db_restart, "poison": poison,
-             "rolling": rolling, "child-kill": child_kill, "redis-blip": redis_blip}
+             "rolling": rolling, "child-kill": child_kill, "redis-blip": redis_blip, "hang": hang}
 
 
 def run(name: str, cfg: ChaosConfig, progress: Progress = print, **kwargs: int) -> ScenarioResult:

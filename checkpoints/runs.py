@@ -348,12 +348,17 @@ def end_attempt(attempt_id: int, outcome: str, error: str | None = None) -> None
     in_txn(_end_attempt_txn, attempt_id, outcome, error)
 
 
-def stalled(older_than_ms: int, limit: int = 500) -> list[tuple[str, int, str]]:
-    """Runs the database calls live (queued/running) that made no progress since `older_than_ms`."""
+def stalled(older_than_ms: int, limit: int = 500, after: tuple[int, str] | None = None
+            ) -> list[tuple[str, int, str, int]]:
+    """Runs the database calls live (queued/running) that made no progress since `older_than_ms`:
+    (run_id, step, kind, updated_at_ms), oldest first; `after` continues from the last row of a page
+    (keyset paging, so runs behind many hung ones are still reached)."""
+    rc = run_checkpoints.c
+    q = (sa.select(rc.run_id, rc.step, rc.kind, rc.updated_at_ms)
+         .where(rc.state.in_(LIVE_STATES), rc.updated_at_ms < older_than_ms)
+         .order_by(rc.updated_at_ms, rc.run_id).limit(limit))
+    if after is not None:
+        q = q.where(sa.tuple_(rc.updated_at_ms, rc.run_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
     with transaction(readonly=True) as conn:
-        rows = conn.execute(
-            sa.select(run_checkpoints.c.run_id, run_checkpoints.c.step, run_checkpoints.c.kind)
-            .where(run_checkpoints.c.state.in_(LIVE_STATES), run_checkpoints.c.updated_at_ms < older_than_ms)
-            .order_by(run_checkpoints.c.updated_at_ms).limit(limit)
-        ).all()
-    return [(r.run_id, r.step, r.kind) for r in rows]
+        rows = conn.execute(q).all()
+    return [(r.run_id, r.step, r.kind, r.updated_at_ms) for r in rows]

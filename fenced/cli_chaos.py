@@ -23,6 +23,7 @@ class Scenario(StrEnum):
     rolling = "rolling"
     child_kill = "child-kill"
     redis_blip = "redis-blip"
+    hang = "hang"
 
 
 @app.command()
@@ -50,14 +51,15 @@ def chaos(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=as_json) as bar:
         for name in names:
-            total = {"kill": rounds, "zombie": min(rounds, 10), "child-kill": min(rounds, 10)}.get(name)
+            total = {"kill": rounds, "zombie": min(rounds, 10), "child-kill": min(rounds, 10),
+                     "hang": 2 * (min(rounds, 5) + 1)}.get(name)
             task = bar.add_task(name, total=total)
 
             def progress(message: str, task_id: TaskID = task) -> None:
                 bar.update(task_id, description=message, advance=1)
 
             kwargs = {"kill": {"rounds": rounds, "runs": runs}, "zombie": {"times": min(rounds, 10)},
-                      "child-kill": {"times": min(rounds, 10)}}.get(name, {"runs": runs})
+                      "child-kill": {"times": min(rounds, 10)}, "hang": {"times": min(rounds, 5)}}.get(name, {"runs": runs})
             result = run(name, cfg, progress=progress, **kwargs)
             results.append(result)
             bar.update(task, description=f"{name}: {'PASS' if result.ok else 'FAIL'}", completed=total or 1,

@@ -11,15 +11,20 @@ from collections.abc import Callable
 
 import structlog
 
-from checkpoints import billing, runs
+from checkpoints import billing, inputs, runs
 from checkpoints.db import in_txn
+from fenced.errors import FencedOut
 from fenced.settings import get_settings
-from fencing import admission, keys
+from fencing import admission, events, keys
 from fencing.connection import get_redis, process_token
 from fencing.lease import now_ms
 from fencing.reaper import rescue
 
 log = structlog.get_logger("fencing.sweeper")
+# Stalled rows are read in pages (keyset, oldest first), so runs stuck behind hung ones (whose leases
+# live) are still reached; MAX_PAGES bounds one sweep, and the next sweep starts over.
+PAGE = 500
+MAX_PAGES = 20
 
 
 def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
@@ -29,21 +34,34 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
     if not force and not client.set(keys.SWEEPER_LOCK, process_token(), nx=True, px=s.sweeper_interval_ms):
         return []
     now = now_ms()
-    stalled = runs.stalled(now - s.sweeper_grace_ms)
+    # A run left waiting on a question that was answered would wait forever: queued again, it is
+    # woken below like any stalled run.
+    requeued = in_txn(inputs.requeue_answered_txn, process_token())
+    if requeued:
+        log.warning("answered_runs_requeued", runs=len(requeued))
     rescued = []
-    if stalled:
+    after: tuple[int, str] | None = None
+    for _page in range(MAX_PAGES):
+        stalled = runs.stalled(now - s.sweeper_grace_ms, PAGE, after)
+        if not stalled:
+            break
         pipe = client.pipeline(transaction=False)
-        for run_id, _step, _kind in stalled:
+        for run_id, _step, _kind, _at in stalled:
             pipe.exists(keys.lease(run_id))
-        for (run_id, step, _kind), has_lease in zip(stalled, pipe.execute(), strict=True):
+        for (run_id, step, _kind, _at), has_lease in zip(stalled, pipe.execute(), strict=True):
             if has_lease:
                 continue
             reason = f"no lease and no progress for {s.sweeper_grace_ms} ms at step {step}"
             if rescue(run_id, s.sweeper_grace_ms, reason, send):
                 rescued.append(run_id)
+        if len(stalled) < PAGE:
+            break
+        after = (stalled[-1][3], stalled[-1][0])
     closed = in_txn(billing.close_stale_holds_txn, now, process_token())
     for hold in closed:
         admission.release_slot(hold.user_id, hold.run_id)
+        if hold.outcome == "released":
+            _expired_event(hold.run_id)
     if closed:
         log.warning("holds_closed", released=sum(h.outcome == "released" for h in closed),
                     settled=sum(h.outcome == "settled" for h in closed))
@@ -53,3 +71,12 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
     except Exception as exc:  # the next sweep tries again; rescues above are done either way
         log.warning("slot_reconcile_failed", error=repr(exc))
     return rescued
+
+
+def _expired_event(run_id: str) -> None:
+    """An expired run (never claimed; its row now `failed`) ends its stream like every terminal state."""
+    try:
+        events.append(run_id, 0, "run:failed", "run_failed", 0,
+                      {"error_class": "expired", "error": "no worker picked the run up before its hold expired"})
+    except (Exception, FencedOut) as exc:  # the row is the truth; a later wake-up repairs the stream
+        log.warning("expired_event_failed", run_id=run_id, error=repr(exc))

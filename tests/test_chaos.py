@@ -21,6 +21,7 @@ REDUCED = {
     "rolling": {"runs": 9},
     "child-kill": {"times": 3},
     "redis-blip": {"runs": 6},
+    "hang": {"times": 1},
 }
 
 

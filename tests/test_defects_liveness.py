@@ -250,3 +250,65 @@ def test_a_fenced_out_holders_retry_record_is_refused(store):
     with pytest.raises(FencedOut):
         runs.record_fenced(old, "retry", "model failed transiently")
     assert "retry" not in [e.kind for e in ledger.history(run.run_id)]
+
+
+# -- the sweeper reaches every stranded run ----------------------------------------------------------
+def test_the_sweeper_finds_a_stranded_run_behind_500_hung_ones(mysql_store, redis_client, settings_env):
+    """Tightening: the sweeper read only the 500 oldest candidates, so runs with live leases (hung)
+    hid a stranded run behind them forever."""
+    import sqlalchemy as sa
+
+    from checkpoints.schema import run_checkpoints
+    from fencing import sweeper
+
+    settings_env(sweeper_grace_ms=1000)
+    old = runs.now_ms() - 60_000
+    hung = [f"hung-{i:04d}" for i in range(501)]
+    base = dict(user_id="u", kind="normal", query="q", state="running", epoch=1, owner="x:1:y/z", step=0,
+                phase="none", checkpoint=None, prompt_tokens=0, completion_tokens=0, model_calls=0,
+                last_event_id="", deliveries=1, total_deliveries=1, created_at_ms=old)
+    with transaction() as conn:
+        conn.execute(sa.insert(run_checkpoints), [{**base, "run_id": r, "updated_at_ms": old} for r in hung])
+        conn.execute(sa.insert(run_checkpoints), [{**base, "run_id": "stranded", "updated_at_ms": old + 1000}])
+    pipe = redis_client.pipeline(transaction=False)
+    for r in hung:
+        pipe.set(keys.lease(r), "x:1:y/z", px=60_000)
+    pipe.execute()
+    sent: list[str] = []
+    assert sweeper.sweep(sent.append, force=True) == ["stranded"] == sent
+
+
+def test_the_sweeper_wakes_a_run_left_waiting_on_an_answered_question(mysql_store, settings_env):
+    from checkpoints.schema import run_checkpoints
+    from fencing import sweeper
+
+    settings_env(sweeper_grace_ms=1)
+    run = new_run()
+    c = runs.claim(run, "w/1")
+    inputs.ask(c, "call-1", 0, "colour?")
+    runs.park(c, "colour?", {}, Usage(), "")
+    inputs.reply(run.run_id, "red", "user-1")
+    with transaction() as conn:  # as a retried park left it before the fix
+        conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run.run_id)
+                     .values(state="waiting", updated_at_ms=runs.now_ms() - 10_000))
+    sent: list[str] = []
+    assert sweeper.sweep(sent.append, force=True) == [run.run_id]
+    assert runs.get_run(run.run_id).state == "queued"
+    assert "requeued" in [e.kind for e in ledger.history(run.run_id)]
+
+
+def test_an_expired_run_ends_its_stream(mysql_store, settings_env):
+    """Defect 4: every terminal state ends the stream, an expired run (never claimed) too."""
+    from fencing import sweeper
+
+    settings_env(hold_expiry_s=1)
+    run_id = submit_run("u4", "buy a mug")
+    runs_before = runs.get_run(run_id)
+    assert runs_before is not None and runs_before.state == "queued"
+    with transaction() as conn:
+        from checkpoints.schema import run_holds
+
+        conn.execute(run_holds.update().where(run_holds.c.run_id == run_id).values(expires_at_ms=1))
+    sweeper.sweep(lambda _r: None, force=True)
+    assert runs.get_run(run_id).error_class == "expired"
+    assert events.read(run_id)[-1].type == "run_failed"

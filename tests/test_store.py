@@ -160,7 +160,7 @@ def test_stalled_lists_only_live_runs_without_progress(store):
     a, b = new_run(), new_run()
     c = runs.claim(b, "w/1")
     runs.finish(c, "done", {}, Usage(), "", answer="x")
-    assert [r for r, _s, _k in runs.stalled(runs.now_ms() + 1)] == [a.run_id]
+    assert [r for r, _s, _k, _at in runs.stalled(runs.now_ms() + 1)] == [a.run_id]
     assert runs.stalled(runs.now_ms() - 60_000) == []
 
 
