@@ -59,7 +59,8 @@ def chaos(
                 bar.update(task_id, description=message, advance=1)
 
             kwargs = {"kill": {"rounds": rounds, "runs": runs}, "zombie": {"times": min(rounds, 10)},
-                      "child-kill": {"times": min(rounds, 10)}, "hang": {"times": min(rounds, 5)}}.get(name, {"runs": runs})
+                      "child-kill": {"times": min(rounds, 10)},
+                      "hang": {"times": min(rounds, 5)}}.get(name, {"runs": runs})
             result = run(name, cfg, progress=progress, **kwargs)
             results.append(result)
             bar.update(task, description=f"{name}: {'PASS' if result.ok else 'FAIL'}", completed=total or 1,
