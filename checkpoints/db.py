@@ -34,7 +34,12 @@ def get_engine(url: str | None = None) -> Engine:
 
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        # SQLite has one write lock for the whole database, and a process stopped inside a write
+        # transaction keeps it (it has no idle-transaction timeout). Each wait for it is bounded, so a
+        # writer fails as transient and is retried (in_txn, db_retry) instead of sitting in the driver;
+        # a delivery that outlives the retries lets its lease go and the run is rescued later.
+        busy_ms = get_settings().sqlite_busy_timeout_ms
+        engine = sa.create_engine(url, connect_args={"timeout": busy_ms / 1000, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -42,7 +47,7 @@ def _make_engine(url: str) -> Engine:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
             cur.close()
 
         @event.listens_for(engine, "begin")

@@ -18,6 +18,9 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Leases, epoch mirror, events, broker")
     broker_url: str = Field("", description="Celery broker; empty = same as redis_url")
     db_url: str = Field("sqlite:///fenced.db", description="The run store (MySQL/MariaDB or SQLite)")
+    sqlite_busy_timeout_ms: int = Field(
+        5_000, gt=0, description="SQLite: how long one write waits for the database-wide write lock before it "
+        "fails as transient (and is retried); bounds what a writer frozen mid-transaction costs each wait")
     db_idle_txn_timeout_s: int = Field(
         5, ge=0, description="MariaDB rolls back a transaction idle this long (a frozen worker's row locks); 0 = off")
 
@@ -51,7 +54,7 @@ class Settings(BaseSettings):
     card_ttl_s: int = Field(1_800, gt=0, description="A cart card can be confirmed for this long")
     max_queued_runs: int = Field(1_000, gt=0, description="Global limit: undelivered + admitted-not-sent runs")
     max_runs_per_user: int = Field(10, gt=0, description="Concurrent (admitted, unfinished) runs per user")
-    admission_ttl_s: int = Field(3_600, gt=0, description="An admission slot nobody released is freed after this")
+    admission_ttl_s: int = Field(3_600, gt=0, description="A slot no sweep confirmed live this long is pruned")
     default_balance_credits: int = Field(1_000, ge=0, description="Starting balance of a user never seen before")
     large_promote_every_ms: int = Field(500, gt=0, description="Move the oldest large run ahead this often")
 

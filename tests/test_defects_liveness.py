@@ -312,3 +312,42 @@ def test_an_expired_run_ends_its_stream(mysql_store, settings_env):
     sweeper.sweep(lambda _r: None, force=True)
     assert runs.get_run(run_id).error_class == "expired"
     assert events.read(run_id)[-1].type == "run_failed"
+
+
+# -- 8. embedded SQLite: a frozen writer costs a bounded wait, and its death frees everyone ------------
+def test_a_frozen_sqlite_writer_costs_a_bounded_wait_and_its_death_frees_the_store(tmp_path, settings_env):
+    """Defect 8: a process stopped inside a write transaction holds SQLite's database-wide write lock.
+    A write waiting on it must fail within sqlite_busy_timeout_ms (transient: retried), not sit in
+    the driver for 30 s, and every write goes through again once the frozen process dies."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import sqlalchemy as sa
+
+    from checkpoints.db import dispose_all, migrate, transaction
+    from checkpoints.schema import run_ledger
+
+    url = f"sqlite:///{tmp_path / 'embedded.db'}"
+    settings_env(db_url=url, sqlite_busy_timeout_ms=1000)
+    dispose_all()
+    migrate(url)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import os, signal, sqlite3; c = sqlite3.connect({!r}, isolation_level=None); "
+        "c.execute('BEGIN IMMEDIATE'); c.execute(\"DELETE FROM run_ledger WHERE run_id = 'x'\"); "
+        "print('locked', flush=True); os.kill(os.getpid(), signal.SIGSTOP)").format(str(tmp_path / "embedded.db"))],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match="locked"), transaction(url) as conn:
+            conn.execute(run_ledger.insert().values(run_id="r8", at_ms=1, epoch=0, actor="t", kind="k", reason="r"))
+        waited = time.monotonic() - started
+        assert waited < 10, f"a write waited {waited:.1f} s on a frozen writer"
+    finally:
+        os.kill(holder.pid, 9)
+        holder.wait()
+    with transaction(url) as conn:  # the frozen writer died: the OS freed its lock
+        conn.execute(run_ledger.insert().values(run_id="r8", at_ms=1, epoch=0, actor="t", kind="k", reason="r"))
+    dispose_all()
