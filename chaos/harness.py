@@ -17,6 +17,7 @@ from chaos.report import ScenarioResult
 from checkpoints import billing, runs
 from checkpoints.db import transaction
 from checkpoints.schema import TERMINAL_STATES, run_checkpoints
+from fenced.history import check_history
 from fenced.verdict import check_run
 from fenced.workers import REPO_ROOT
 from fencing import keys
@@ -50,6 +51,7 @@ class ChaosConfig:
             "FENCED_STUB_TOOL_MS": str(self.tool_ms),
             "FENCED_RETRY_BASE_MS": "50",
             "FENCED_FAULTS_ENABLED": "1",
+            "FENCED_STUB_COUNT_PAID": "1",
         }
         return {**os.environ, **env, **overrides}
 
@@ -163,6 +165,9 @@ def judge(result: ScenarioResult, run_ids: list[str], control: int | None, *, ch
 
     one_call = billing.credits_for(get_settings().stub_tokens, 0, 10**9)
     result.runs += len(run_ids)
+    # The history, not only the final rows: stale writes, stream order, paid calls, accounts, orders.
+    for violation in check_history(run_ids):
+        result.fail(violation.where, violation.condition, violation.detail)
     for run_id in run_ids:
         v = check_run(run_id, check_events=check_events)
         if expect != "done":

@@ -12,8 +12,8 @@ from pathlib import Path
 from fenced.workers import REPO_ROOT
 
 TARGET = "checkpoints/runs.py"
-FENCED = '_rc.epoch == sa.bindparam("w_epoch"),\n    ).values({c:'  # in _fenced_update, the fenced write
-UNFENCED = '\n    ).values({c:'
+FENCED = '_rc.epoch == sa.bindparam("w_epoch"), _rc.state == "running",\n    ).values({c:'  # _fenced_update
+UNFENCED = '_rc.state == "running",\n    ).values({c:'
 
 
 def mutated_copy(dest: Path) -> Path:

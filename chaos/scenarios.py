@@ -130,9 +130,10 @@ def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode 
 def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> ScenarioResult:
     """Freeze the holder past its lease; the new holder finishes; after SIGCONT the old one is refused.
 
-    Odd rounds SIGSTOP the holder from outside mid-step (its next write is usually an event, fenced
-    by the Redis epoch mirror); even rounds make it stop itself right before checkpoint A, so its
-    first write after SIGCONT is the database's fenced UPDATE."""
+    Even rounds SIGSTOP the holder from outside mid-step and wake it after the run ended (its next
+    write is usually an event, fenced by the Redis epoch mirror); odd rounds make it stop itself right
+    before checkpoint A and wake it as soon as the new holder took over, so its first write after
+    SIGCONT is the database's fenced UPDATE on a row that is still running."""
     result = ScenarioResult("zombie", {"times": times, "lease_ms": cfg.lease_ms})
     slow = ChaosConfig(**{**cfg.__dict__, "step_ms": max(cfg.step_ms, 1500)})
     with _cluster(slow, faults_armed=True) as (cluster, submit):
@@ -150,6 +151,11 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
             freeze_ms = time.time() * 1000
             if not self_stop:
                 holder.kill(signal.SIGSTOP)
+            if self_stop:
+                # Woken as soon as the new holder took over, while it is still mid-run: its checkpoint A
+                # write meets a live row, so only the epoch (not the run's state) can refuse it.
+                wait_for(partial(resumed_at_ms, run_id, freeze_ms), slow.timeout_s)
+                holder.kill(signal.SIGCONT)
             ended = wait_terminal([run_id], slow.timeout_s)
             holder.kill(signal.SIGCONT)
             at = resumed_at_ms(run_id, freeze_ms)

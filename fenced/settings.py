@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     # The demo agent's stub model.
     stub_step_ms: int = Field(300, ge=0, description="Simulated model latency per step")
     stub_tokens: int = Field(800, ge=0, description="Tokens per stub model call (normal runs; large x3)")
+    stub_count_paid: bool = Field(False, description="Count each stub call as paid in Redis (tests, chaos: the "
+                                  "history checker holds recorded calls against it)")
     stub_tool_ms: int = Field(0, ge=0, description="Simulated latency of each demo tool call")
     model: str = Field("stub", description="'stub' or 'openai' (an OpenAI-compatible endpoint)")
     openai_base_url: str = Field("http://127.0.0.1:8000/v1")

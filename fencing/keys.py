@@ -57,6 +57,11 @@ def events(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:events"
 
 
+def paid_calls(run_id: str) -> str:
+    """HASH "epoch:step" -> model calls a provider billed; written by test models only (fencing.metering)."""
+    return f"{PREFIX}:{{{run_id}}}:paid"
+
+
 def rescue(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:rescue"
 

@@ -128,7 +128,7 @@ class StepRunner:
         self.boundary()
         replies = [{"question": i.question, "reply": i.reply}
                    for i in (inputs.for_run(self.run_id) if self.waited else []) if i.reply]
-        ctx = AgentContext(self.run_id, run.query, run.kind, self.step, self.history, replies)
+        ctx = AgentContext(self.run_id, run.query, run.kind, self.step, self.history, replies, self.c.epoch)
         decision = self._with_retries("model", lambda: self.model.decide(ctx))
         faults.point("after_model_call", self.run_id)
         self.usage = Usage(self.usage.prompt_tokens + decision.prompt_tokens,

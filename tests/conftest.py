@@ -25,6 +25,7 @@ TEST_ENV = {
     "FENCED_STUB_STEP_MS": "200",
     "FENCED_RETRY_BASE_MS": "50",
     "FENCED_FAULTS_ENABLED": "1",
+    "FENCED_STUB_COUNT_PAID": "1",
 }
 os.environ.update(TEST_ENV)
 

@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from chaos.harness import wait_for as poll
 from checkpoints import runs
+from checkpoints.db import transaction
+from checkpoints.schema import run_checkpoints
+from fenced.history import check_history
 from fenced.workers import WorkerProcess
 
 
@@ -67,6 +71,13 @@ class Pool:
 
 @pytest.fixture
 def workers(tmp_path: Path, mysql_store: str) -> Iterator[Pool]:
+    """Real workers for one test; when it ends, they are stopped and the history checker reads every
+    run the test made (the store starts empty): no stale write, stream out of order, unrecorded paid
+    call, account drift or second order may have happened, whatever the test itself asserted."""
     pool = Pool(tmp_path)
     yield pool
     pool.stop_all()
+    with transaction(readonly=True) as conn:
+        run_ids = [r for (r,) in conn.execute(sa.select(run_checkpoints.c.run_id))]
+    violations = check_history(run_ids)
+    assert not violations, "history checker: " + "; ".join(str(v) for v in violations)

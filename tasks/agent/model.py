@@ -44,6 +44,7 @@ class AgentContext:
     step: int
     history: list[dict[str, Any]]
     replies: list[dict[str, Any]] = field(default_factory=list)  # a person's answers: question, reply
+    epoch: int = 0  # the holder's epoch: lets a test model count its paid calls per holder (fencing.metering)
 
 
 class Model(Protocol):

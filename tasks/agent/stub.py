@@ -18,6 +18,7 @@ from typing import Any
 
 from fenced.errors import TerminalError, TransientError
 from fenced.settings import get_settings
+from fencing.metering import count_paid_call
 from tasks.agent.model import AgentContext, Decision, ToolCall
 
 STEPS = ("planner", "item_search", "compare", "shopping_summary")
@@ -48,11 +49,16 @@ class StubModel:
         s = get_settings()
         self.step_ms = s.stub_step_ms if step_ms is None else step_ms
         self.tokens = s.stub_tokens if tokens is None else tokens
+        self.count_paid = s.stub_count_paid
 
     def decide(self, ctx: AgentContext) -> Decision:
         self._misbehave(ctx)
         if self.step_ms:
             time.sleep(self.step_ms / 1000)
+        # The provider bills a call once it answers: counted where the runtime never writes, so the
+        # history checker can hold the run's recorded calls against what was paid.
+        if self.count_paid:
+            count_paid_call(ctx.run_id, ctx.epoch, ctx.step)
         tokens = self.tokens * (3 if ctx.kind == "large" else 1)
         prompt = tokens * 3 // 4
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": tokens - prompt}
