@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from kombu import Queue
 
+from fenced.errors import ConfigError
 from fenced.settings import get_settings
 from tasks import queues
 
-_settings = get_settings()
+try:
+    _settings = get_settings()
+except ConfigError as _exc:  # `celery -A tasks worker` with a bad FENCED_* variable: one line, exit 2
+    import sys
+
+    print(f"error: {_exc}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 broker_url = _settings.effective_broker_url
 broker_connection_retry_on_startup = True

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
+from tenacity import RetryCallState, retry, retry_if_exception, wait_random_exponential
 
 from fenced.settings import get_settings
 
@@ -98,20 +98,36 @@ def dispose_all() -> None:
             del _engines[(pid, _url)]
 
 
+# A store without its schema answers with an OperationalError too, but waiting cannot fix it.
+_MISSING_SCHEMA = ("no such table", "doesn't exist")
+
+
+def is_missing_schema(exc: BaseException) -> bool:
+    """The store has no tables yet (a fresh SQLite file, a new database): `fenced migrate` fixes it."""
+    return isinstance(exc, sa.exc.DBAPIError) and any(m in str(exc.orig) for m in _MISSING_SCHEMA)
+
+
 def is_transient_db_error(exc: BaseException) -> bool:
     """Connection-level failures (server restarting, dropped socket, deadlock/lock wait): worth retrying."""
+    if is_missing_schema(exc):
+        return False
     if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
         return True
     return isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
 
 
+def _retry_window_over(state: RetryCallState) -> bool:
+    # Read at each attempt: a worker rides out a restart (db_retry_s, 60 s), the CLI gives up sooner.
+    return (state.seconds_since_start or 0) >= get_settings().db_retry_s
+
+
 db_retry = retry(
     retry=retry_if_exception(is_transient_db_error),
     wait=wait_random_exponential(multiplier=0.1, max=2),
-    stop=stop_after_delay(60),
+    stop=_retry_window_over,
     reraise=True,
 )
-"""Retry a whole transaction on transient database errors for up to 60 s.
+"""Retry a whole transaction on transient database errors for up to `db_retry_s` (60 s in workers).
 
 Trades latency for riding out a database restart; only for transactions whose writes are idempotent
 (absolute values, fenced by epoch), because a commit whose reply was lost is retried too."""

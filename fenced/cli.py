@@ -24,12 +24,15 @@ app = typer.Typer(name="fenced", help="Durable, fenced, resumable agent runs on 
 
 
 class _Out:
-    """stdout for tables: looked up at each use (CliRunner swaps it); wide when piped, not 80 columns."""
+    """stdout for tables: looked up at each use (CliRunner swaps it); wide when piped, not 80 columns.
+
+    Markup is off: every cell is data from users and models (a reason "[terminal]", a user "[/x]")
+    and is printed literally, never interpreted."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        console = Console(highlight=False)
+        console = Console(highlight=False, markup=False)
         if not console.is_terminal:
-            console = Console(highlight=False, width=max(console.width, 160))
+            console = Console(highlight=False, markup=False, width=max(console.width, 160))
         console.print(*objects, **kwargs)
 
 
@@ -107,10 +110,29 @@ def run_dict(run: Run) -> dict[str, Any]:
     return data
 
 
-@app.callback()
-def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the core's info logs.")] = False) -> None:
-    from fenced.demo import quiet_core_logs
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
 
+        typer.echo(f"fenced {version('fenced')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the core's info logs.")] = False,
+          _v: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit.")] = False) -> None:
+    from fenced.demo import quiet_core_logs
+    from fenced.errors import ConfigError
+    from fenced.settings import get_settings
+
+    # A person at a prompt: a database outage is reported after a few seconds, not after a worker's minute.
+    os.environ.setdefault("FENCED_DB_RETRY_S", "5")
+    get_settings.cache_clear()
+    try:
+        get_settings()  # a bad FENCED_* variable is one clear line here, before any command runs
+    except ConfigError as exc:
+        fail(str(exc))
     if not verbose:
         quiet_core_logs()
 
@@ -133,8 +155,13 @@ def submit(
         fail("query must not be empty")
     if not user or len(user) > 128:
         fail("--user must be 1 to 128 characters")
+    from fenced.settings import get_settings
     from tasks import submit_run
 
+    if get_settings().db_url.startswith("sqlite"):
+        from checkpoints.db import migrate
+
+        migrate()  # the embedded store makes its own schema (idempotent); MySQL/MariaDB: `fenced migrate`
     try:
         run_id = submit_run(user, query, kind.value, idempotency_key=key)
     except (InvalidRequest, AdmissionRefused) as exc:
@@ -352,11 +379,29 @@ def main() -> None:
     import redis
     import sqlalchemy as sa
 
+    from checkpoints.db import is_missing_schema
+    from fenced.settings import get_settings
+
     try:
         app()
     except (redis.ConnectionError, kombu.exceptions.OperationalError) as exc:
         typer.echo(f"error: Redis unreachable: {exc}", err=True)
         sys.exit(1)
-    except sa.exc.OperationalError as exc:
-        typer.echo(f"error: run store: {exc.orig or exc}", err=True)
+    except sa.exc.DBAPIError as exc:
+        if is_missing_schema(exc):
+            typer.echo(f"error: the run store {_safe_url(get_settings().db_url)} has no schema yet: "
+                       "run `fenced migrate` (workers also create it when they start)", err=True)
+            sys.exit(2)
+        typer.echo(f"error: run store unreachable after {get_settings().db_retry_s:g} s of retries: "
+                   f"{exc.orig or exc}", err=True)
         sys.exit(1)
+
+
+def _safe_url(url: str) -> str:
+    """A database URL without its password."""
+    import sqlalchemy as sa
+
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unparsable url)"

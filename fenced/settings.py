@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fenced.errors import ConfigError
+
+# The run stores fenced is tested on. PostgreSQL is not one of them (yet): refused, not half-supported.
+DB_SCHEMES = ("mysql+pymysql://", "sqlite:///")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class Settings(BaseSettings):
@@ -21,6 +28,8 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(
         5_000, gt=0, description="SQLite: how long one write waits for the database-wide write lock before it "
         "fails as transient (and is retried); bounds what a writer frozen mid-transaction costs each wait")
+    db_retry_s: float = Field(60, ge=0, description="How long a transaction is retried through a database outage "
+                              "(workers ride out a restart; the CLI sets 5 s unless this is set)")
     db_idle_txn_timeout_s: int = Field(
         5, ge=0, description="MariaDB rolls back a transaction idle this long (a frozen worker's row locks); 0 = off")
 
@@ -64,13 +73,32 @@ class Settings(BaseSettings):
     stub_count_paid: bool = Field(False, description="Count each stub call as paid in Redis (tests, chaos: the "
                                   "history checker holds recorded calls against it)")
     stub_tool_ms: int = Field(0, ge=0, description="Simulated latency of each demo tool call")
-    model: str = Field("stub", description="'stub' or 'openai' (an OpenAI-compatible endpoint)")
+    model: Literal["stub", "openai"] = Field("stub", description="'stub' or 'openai' (an OpenAI-compatible endpoint)")
     openai_base_url: str = Field("http://127.0.0.1:8000/v1")
     openai_api_key: str = Field("")
     openai_model: str = Field("gpt-4o-mini")
 
     # Tests and chaos only: named fault-injection points are checked only when this is on.
     faults_enabled: bool = Field(False, description="Arm-able fault points (tests, chaos)")
+
+    @field_validator("db_url")
+    @classmethod
+    def _check_db_url(cls, url: str) -> str:
+        if url.startswith(("postgres://", "postgresql")):
+            raise ValueError("PostgreSQL is not a supported run store; use mysql+pymysql://USER@HOST:PORT/DB "
+                             "(MySQL/MariaDB) or sqlite:///PATH")
+        if url.startswith("mysql://") or (url.startswith("mysql+") and not url.startswith("mysql+pymysql://")):
+            raise ValueError("MySQL/MariaDB URLs must name the PyMySQL driver: mysql+pymysql://USER@HOST:PORT/DB")
+        if not url.startswith(DB_SCHEMES):
+            raise ValueError("accepted: mysql+pymysql://USER@HOST:PORT/DB (MySQL/MariaDB) or sqlite:///PATH")
+        return url
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _check_redis_url(cls, url: str) -> str:
+        if url and not url.startswith(REDIS_SCHEMES):
+            raise ValueError("accepted: redis://HOST:PORT/DB, rediss://… (TLS) or unix:///PATH")
+        return url
 
     @model_validator(mode="after")
     def _check_ratio(self) -> Settings:
@@ -93,5 +121,19 @@ class Settings(BaseSettings):
 
 @functools.cache
 def get_settings() -> Settings:
-    """The process-wide settings, read once from the environment."""
-    return Settings()
+    """The process-wide settings, read once from the environment. Raises ConfigError with one line per
+    bad variable (its name, the value given, what is accepted)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(describe(exc)) from None
+
+
+def describe(exc: ValidationError) -> str:
+    """A settings ValidationError as lines a user can act on: `FENCED_X='value': what is accepted`."""
+    lines = []
+    for err in exc.errors():
+        name = "FENCED_" + "_".join(str(part) for part in err["loc"][:1]).upper()
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{name}={err.get('input')!r}: {msg}")
+    return "; ".join(lines)

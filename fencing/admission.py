@@ -70,9 +70,13 @@ def admit(run_id: str, user_id: str, queues: Sequence[str], client: redis.Redis 
             [run_id, now_ms(), s.max_queued_runs, s.max_runs_per_user, s.admission_ttl_s * 1000,
              UNSENT_TTL_MS, outside, user_id],
         )
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
+                               f"Redis is unreachable at {_safe(s.redis_url)} ({exc}): the run was not "
+                               "admitted and nothing was written") from exc
     except redis.RedisError as exc:
         raise AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
-                               f"admission refused: the limits could not be checked ({exc!r}); "
+                               f"admission refused: Redis answered with an error ({exc}); nothing was written; "
                                f"retry in {RETRY_AFTER_UNAVAILABLE_S:g} s") from exc
     if ok:
         return Admission(run_id, user_id, waiting=int(count), user_runs=int(extra))
@@ -182,3 +186,11 @@ def _free(client: redis.Redis, slots: list[tuple[str, str]]) -> int:
     for run_id, user_id in slots:
         log.info("admission_slot_freed", run_id=run_id, user_id=user_id)
     return sum(int(r) for r in replies[0::2])
+
+
+def _safe(url: str) -> str:
+    """A Redis URL without its password."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1) if "://" in url else ("", url)
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

@@ -9,7 +9,7 @@ import structlog
 from sqlalchemy.engine import Connection
 
 from checkpoints import billing, runs
-from checkpoints.db import in_txn
+from checkpoints.db import in_txn, is_missing_schema, transaction
 from fenced.errors import FencedOut, InvalidRequest
 from fencing import admission, events
 from tasks import queues
@@ -63,7 +63,7 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
         _same_request(existing, user_id, query, kind)
         return run_id
     except BaseException:
-        if runs.peek_run(run_id) is None:
+        if not _may_exist(run_id):
             admission.release_slot(user_id, run_id)  # no run: the slot goes back
         raise
     try:
@@ -99,3 +99,13 @@ def _same_request(run: runs.Run, user_id: str, query: str, kind: str) -> None:
     if (run.user_id, run.query, run.kind) != (user_id, query, kind):
         raise InvalidRequest(f"idempotency key already used for run {run.run_id} with a different query or kind; "
                              "use a new key for a new request")
+
+
+def _may_exist(run_id: str) -> bool:
+    """Whether the run may exist after a failed create: one read, no retries (the store may be down).
+    When it cannot be told, the slot is kept; the sweeper frees slots of runs that never got a row."""
+    try:
+        with transaction(readonly=True) as conn:
+            return runs.peek_run_txn(conn, run_id) is not None
+    except Exception as exc:
+        return not is_missing_schema(exc)  # no tables: no run

@@ -1,0 +1,120 @@
+"""A user's first hour (issue 16, the parts done): the real `fenced` and `celery` commands with real
+environment variables: bad settings, bracketed data, a store without schema, stores that are down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MYSQL_URL, REDIS_URL
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fenced(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "fenced"), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "FENCED_REDIS_URL": REDIS_URL, **env})
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+BAD_SETTINGS = [
+    ("FENCED_DB_URL", "postgres://u@h/db", "PostgreSQL is not a supported run store"),
+    ("FENCED_DB_URL", "postgresql://u@h/db?bogus=1", "PostgreSQL is not a supported run store"),
+    ("FENCED_DB_URL", "mysql://root@127.0.0.1/db", "mysql+pymysql://"),
+    ("FENCED_DB_URL", "bogus", "sqlite:///PATH"),
+    ("FENCED_REDIS_URL", "http://127.0.0.1:6379", "redis://"),
+    ("FENCED_LEASE_TTL_MS", "0", "greater than 0"),
+    ("FENCED_LEASE_TTL_MS", "-5", "greater than 0"),
+    ("FENCED_LEASE_TTL_MS", "abc", "valid integer"),
+    ("FENCED_CONCURRENCY", "0", "greater than 0"),
+    ("FENCED_RETRY_BUDGET", "-1", "greater than or equal to 0"),
+    ("FENCED_FAST_TAKEOVER", "maybe", "valid boolean"),
+    ("FENCED_MODEL", "antropic", "'stub' or 'openai'"),
+]
+
+
+@pytest.mark.parametrize(("var", "value", "accepted"), BAD_SETTINGS)
+def test_a_bad_setting_is_one_line_naming_the_variable_and_what_is_accepted(var, value, accepted):
+    proc = fenced("runs", **{var: value})
+    assert proc.returncode == 2
+    line = one_line_error(proc)
+    assert f"{var}={value!r}" in line and accepted in line, line
+
+
+def test_a_worker_with_a_bad_setting_says_so_in_one_line():
+    proc = subprocess.run([str(BIN / "celery"), "-A", "tasks", "worker"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env={**os.environ, "FENCED_LEASE_TTL_MS": "0"})
+    assert proc.returncode == 2
+    assert "FENCED_LEASE_TTL_MS='0'" in one_line_error(proc)
+
+
+def test_version():
+    proc = fenced("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("fenced ")
+
+
+def test_bracketed_user_and_model_text_is_printed_literally(tmp_path, redis_client):
+    db = {"FENCED_DB_URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    user, query = "[/x]", "buy [bold]socks[/bold] [terminal]"
+    submitted = fenced("submit", query, "--user", user, **db)
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    cancelled = fenced("cancel", run_id, "--user", user, **db)
+    assert cancelled.returncode == 0, cancelled.stderr
+    for command in ("ledger", "status"):
+        shown = fenced(command, run_id, **db)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+        assert user in shown.stdout, shown.stdout
+    runs = fenced("runs", **db)
+    assert query in runs.stdout.replace("\n", " ") or "[bold]socks[/bold]" in runs.stdout, runs.stdout
+
+
+def test_the_embedded_store_makes_its_own_schema(tmp_path, redis_client):
+    proc = fenced("submit", "buy a hat", "--user", "u1", FENCED_DB_URL=f"sqlite:///{tmp_path / 'new.db'}")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip()) == 36
+
+
+def test_a_database_without_schema_says_run_migrate_at_once(redis_client):
+    import sqlalchemy as sa
+
+    server = MYSQL_URL.rsplit("/", 1)[0]
+    with sa.create_engine(server + "/").connect() as conn:
+        conn.exec_driver_sql("DROP DATABASE IF EXISTS fenced_no_schema")
+        conn.exec_driver_sql("CREATE DATABASE fenced_no_schema")
+    started = time.monotonic()
+    proc = fenced("submit", "buy a hat", FENCED_DB_URL=server + "/fenced_no_schema")
+    assert proc.returncode == 2
+    assert "fenced migrate" in one_line_error(proc)
+    assert time.monotonic() - started < 30, "a missing schema is not a transient error"
+    assert redis_client.zcard("fenced:{admission}:user:cli") == 0, "the refused submit holds no admission slot"
+
+
+def test_a_database_that_is_down_fails_after_a_short_retry_with_one_line(tmp_path, redis_client):
+    started = time.monotonic()
+    proc = fenced("submit", "buy a hat", FENCED_DB_URL="mysql+pymysql://root@127.0.0.1:1/nothing")
+    assert proc.returncode == 1
+    assert "run store unreachable after 5 s" in one_line_error(proc)
+    assert time.monotonic() - started < 40, "the CLI does not wait a worker's minute"
+
+
+def test_redis_down_says_redis_is_unreachable_and_writes_nothing(tmp_path):
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    proc = fenced("submit", "buy a hat", FENCED_DB_URL=db, FENCED_REDIS_URL="redis://127.0.0.1:1/0")
+    assert proc.returncode == 2
+    line = one_line_error(proc)
+    assert "Redis is unreachable at redis://127.0.0.1:1/0" in line and "nothing was written" in line
+    runs = fenced("runs", "--json", FENCED_DB_URL=db)
+    assert runs.stdout.strip() in ("[]", ""), runs.stdout
