@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 from kombu import Queue
 
 from fenced.errors import ConfigError
 from fenced.settings import get_settings
+from fenced.workers import split_pool
 from tasks import queues
 
 try:
     _settings = get_settings()
 except ConfigError as _exc:  # `celery -A tasks worker` with a bad FENCED_* variable: one line, exit 2
-    import sys
-
     print(f"error: {_exc}", file=sys.stderr)
     raise SystemExit(2) from None
 
@@ -33,8 +34,10 @@ task_acks_late = True
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_concurrency = _settings.concurrency
-# No worker_pool here: Celery cannot tell `--pool prefork` from its default and would use this
-# setting instead. `fenced worker` and the README pass `--pool threads` (steps wait on I/O).
+# The threads pool is the default (steps wait on model and tool I/O). Celery cannot tell an explicit
+# `--pool prefork` from its own default and would replace it with this setting, so the setting is only
+# made when the command line names no pool: `celery -A tasks worker` runs threads, `--pool prefork` prefork.
+worker_pool = None if split_pool(sys.argv[1:])[0] else "threads"
 task_time_limit = _settings.step_timeout_s + 30
 worker_hijack_root_logger = False
 

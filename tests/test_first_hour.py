@@ -118,3 +118,20 @@ def test_redis_down_says_redis_is_unreachable_and_writes_nothing(tmp_path):
     assert "Redis is unreachable at redis://127.0.0.1:1/0" in line and "nothing was written" in line
     runs = fenced("runs", "--json", FENCED_DB_URL=db)
     assert runs.stdout.strip() in ("[]", ""), runs.stdout
+
+
+@pytest.mark.parametrize(("args", "pool"), [((), "thread"), (("--pool", "prefork"), "prefork")])
+def test_celery_worker_runs_the_pool_the_readme_says(args, pool, redis_client):
+    """`celery -A tasks worker` with no flags runs the threads pool; an explicit `--pool prefork` is kept
+    (Celery alone would replace an explicit prefork by a configured pool)."""
+    proc = subprocess.Popen([str(BIN / "celery"), "-A", "tasks", "worker", *args, "-Q", "agents.continue",
+                             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ}, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        banner = next((line for line in proc.stdout if "concurrency:" in line), "")
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    assert f"({pool})" in banner, banner
