@@ -268,6 +268,29 @@ def worker(ctx: typer.Context) -> None:
     os.execv(sys.executable, argv)  # noqa: S606 - replace this process: signals reach celery directly
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def flower(
+    ctx: typer.Context,
+    address: Annotated[str, typer.Option(help="Interface to bind. Anything but localhost needs --basic-auth.")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
+    basic_auth: Annotated[str | None, typer.Option("--basic-auth", help="user:password[,user2:password2]")] = None,
+) -> None:
+    """Exec Flower for the workers (`celery -A tasks flower`), safe by default: bound to localhost, where
+    its HTTP API is open to local callers; on any other address only with --basic-auth. Extra arguments
+    go to Flower. Flower shows deliveries (wake-up messages); the run's truth is `fenced status RUN`."""
+    local = address in ("127.0.0.1", "localhost", "::1")
+    if not local and not basic_auth:
+        fail(f"--address {address} exposes Flower beyond this machine: give --basic-auth user:password")
+    env = dict(os.environ)
+    if local and not basic_auth:
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"  # Flower refuses its API without auth unless told
+    argv = [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--address={address}", f"--port={port}",
+            *([f"--basic-auth={basic_auth}"] if basic_auth else []), *ctx.args]
+    sys.stdout.flush()
+    os.execve(sys.executable, argv, env)  # noqa: S606 - replace this process: signals reach flower directly
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                               "help_option_names": []})
 def bench(ctx: typer.Context) -> None:
@@ -296,12 +319,17 @@ def migrate() -> None:
 def events(
     run_id: RunArg,
     raw: Annotated[bool, typer.Option("--raw", help="Every entry as stored, superseded half-steps too.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until the run ends.")]
+    = False,
     as_json: JsonOpt = False,
 ) -> None:
     """A run's event stream: the live view (superseded half-steps dropped, deduplicated) by default."""
     from fencing import events as ev
 
     run = resolve_run(run_id)
+    if follow:
+        _follow(run.run_id)
+        return
     stream = ev.read(run.run_id)
     shown = stream if raw else ev.live_view(stream)
     if as_json:
@@ -318,6 +346,38 @@ def events(
     if not raw and len(shown) != len(stream):
         out.print(f"({len(stream) - len(shown)} superseded or duplicate entries hidden; --raw shows them)",
                   markup=False)
+
+
+def _follow(run_id: str) -> None:
+    """Print each event once as it is appended (merged by id, as the live view), until the run's final
+    event; a run that ended before we looked prints what it has and stops."""
+    import time
+
+    from fencing import events as ev
+    from tasks.result import result
+    from tasks.step import FINAL_EVENTS
+
+    finals = {eid for eid, _type in FINAL_EVENTS.values()}
+    seen: set[str] = set()
+    after = "-"
+    quiet_since = time.monotonic()
+    while True:
+        fresh = ev.read(run_id, after=after)
+        for e in fresh:
+            after = e.stream_id
+            if e.eid in seen:
+                continue
+            seen.add(e.eid)
+            data = json.dumps(e.data, separators=(",", ":"), sort_keys=True)
+            at = _clock(int(e.stream_id.split("-")[0]))
+            typer.echo(f"{at} UTC  epoch {e.epoch}  step {e.step}  {e.type}  {e.eid}  {data}")
+            if e.eid in finals:
+                return
+        if fresh:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > 2 and result(run_id).ended:
+            return  # ended, and its final event is not in the stream (Redis lost it)
+        time.sleep(0.2)
 
 
 @app.command()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tasks.app import app, run_agent
+from tasks.result import RunResult, result, wait
 from tasks.submit import submit_run
 
 celery = app
-__all__ = ["app", "celery", "run_agent", "submit_run"]
+__all__ = ["RunResult", "app", "celery", "result", "run_agent", "submit_run", "wait"]

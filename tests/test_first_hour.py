@@ -135,3 +135,51 @@ def test_celery_worker_runs_the_pool_the_readme_says(args, pool, redis_client):
         os.killpg(proc.pid, 9)
         proc.wait()
     assert f"({pool})" in banner, banner
+
+
+@pytest.mark.chaos
+def test_a_result_handle_and_a_followed_stream(workers):
+    """`wait` blocks until the run ends and returns its answer; `fenced events RUN --follow` prints each
+    event once as it comes and stops at the final event; AsyncResult has no result to give."""
+    from tasks import result, submit_run, wait
+
+    workers.start("a")
+    run_id = submit_run("u-follow", "buy headphones")
+    follower = subprocess.Popen([str(BIN / "fenced"), "events", run_id, "--follow"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ})
+    done = wait(run_id, timeout_s=60)
+    assert done.state == "done" and done.answer and done.ended
+    assert result(run_id) == done
+    out, err = follower.communicate(timeout=30)
+    assert follower.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[-1].split()[6] == "run_done" and sum(" run_done " in line for line in lines) == 1, out
+    assert sum(" step_done " in line for line in lines) == 3, out
+    with pytest.raises(TimeoutError):
+        wait(submit_run("u-follow", "buy socks"), timeout_s=0.01, poll_s=0.01)
+
+
+def test_fenced_flower_serves_its_api_on_localhost_and_refuses_to_expose_itself_without_auth(redis_client):
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(BIN / "fenced"), "flower", "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=ROOT, env={**os.environ}, start_new_session=True)
+    try:
+        status = None
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/workers", timeout=2) as resp:
+                    status = resp.status
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert status == 200, "Flower's API answers local callers"
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    exposed = fenced("flower", "--address", "0.0.0.0")
+    assert exposed.returncode == 2 and "--basic-auth" in one_line_error(exposed)
