@@ -114,14 +114,24 @@ def new_run_id() -> str:
     return str(uuid.uuid4())
 
 
-def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, actor: str) -> int:
-    """Insert the run row, its billing hold and a ledger entry; returns the credits held."""
+def validate_request(user_id: str, kind: str, query: str) -> None:
+    """A submit's input, checked before anything is written; InvalidRequest names the field."""
+    from fenced.settings import get_settings
+
     if kind not in ("normal", "large"):
         raise InvalidRequest(f"kind must be 'normal' or 'large', not {kind!r}")
     if not user_id or len(user_id) > 128:
         raise InvalidRequest("user_id must be 1 to 128 characters")
     if not query.strip():
         raise InvalidRequest("query must not be empty")
+    limit = get_settings().max_query_chars
+    if len(query) > limit:
+        raise InvalidRequest(f"query is {len(query)} characters; the limit is {limit} (FENCED_MAX_QUERY_CHARS)")
+
+
+def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, actor: str) -> int:
+    """Insert the run row, its billing hold and a ledger entry; returns the credits held."""
+    validate_request(user_id, kind, query)
     now = now_ms()
     conn.execute(run_checkpoints.insert().values(
         run_id=run_id, user_id=user_id, kind=kind, query=query, state="queued", epoch=0, owner=None,

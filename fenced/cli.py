@@ -140,7 +140,7 @@ def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show th
 # -- commands ----------------------------------------------------------------------------------------
 @app.command()
 def submit(
-    query: Annotated[str, typer.Argument(help="What the user asked.")],
+    query: Annotated[str, typer.Argument(help="What the user asked; - reads it from standard input.")],
     user: Annotated[str, typer.Option("--user", "-u", help="The user the run is billed to.")] = "cli",
     kind: Annotated[Kind, typer.Option("--kind", "-k", help="normal or large (bigger hold, own queue).")] = Kind.normal,
     key: Annotated[str | None, typer.Option(
@@ -150,6 +150,8 @@ def submit(
     """Create a run (row + billing hold) and send its first wake-up; prints the run id."""
     from fenced.errors import AdmissionRefused, InvalidRequest
 
+    if query == "-":
+        query = sys.stdin.read()
     # Checked here too so that bad input never reaches (or opens) the stores.
     if not query.strip():
         fail("query must not be empty")

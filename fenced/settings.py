@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     retry_budget: int = Field(5, ge=0, description="Transient retries per step")
     concurrency: int = Field(4, gt=0, description="Worker concurrency")
 
+    max_query_chars: int = Field(16_000, gt=0, description="Longest query a submit accepts (characters)")
+
     # Billing.
     hold_normal_credits: int = Field(20, gt=0)
     hold_large_credits: int = Field(60, gt=0)
@@ -79,7 +81,8 @@ class Settings(BaseSettings):
     openai_model: str = Field("gpt-4o-mini")
 
     # Tests and chaos only: named fault-injection points are checked only when this is on.
-    faults_enabled: bool = Field(False, description="Arm-able fault points (tests, chaos)")
+    faults_enabled: bool = Field(False, description="Arm-able fault points and the stub model's test markers "
+                                 "([poison], [terminal], ...): tests and chaos only")
 
     @field_validator("db_url")
     @classmethod

@@ -40,6 +40,7 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
     the wake-up."""
     from tasks.app import run_agent
 
+    runs.validate_request(user_id, kind, query)
     if idempotency_key is not None:
         if not idempotency_key or len(idempotency_key) > 200:
             raise InvalidRequest("idempotency_key must be 1 to 200 characters")

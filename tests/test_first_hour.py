@@ -183,3 +183,37 @@ def test_fenced_flower_serves_its_api_on_localhost_and_refuses_to_expose_itself_
         proc.wait()
     exposed = fenced("flower", "--address", "0.0.0.0")
     assert exposed.returncode == 2 and "--basic-auth" in one_line_error(exposed)
+
+
+def test_the_stubs_test_markers_are_dead_outside_tests_and_chaos(settings_env):
+    """A deployed stub (no FENCED_FAULTS_ENABLED) treats "[poison]" as text, not as an order to die."""
+    from tasks.agent.model import AgentContext
+    from tasks.agent.stub import StubModel
+
+    settings_env(faults_enabled=0, stub_step_ms=0, stub_count_paid=0)
+    history = [{"step": 0, "tool_calls": [{"id": "c0", "name": "item_search"}],
+                "results": {"c0": [{"id": "sku-001"}, {"id": "sku-002"}]}}]
+    ctx = AgentContext("r-markers", "buy [poison] [terminal] [ask] [transient:9] shoes", "normal", 1, history)
+    decision = StubModel().decide(ctx)  # alive: no SIGKILL, no TerminalError, no TransientError
+    assert [c.name for c in decision.tool_calls] == ["compare"], "no ask_user either"
+
+
+def test_a_query_over_the_limit_is_refused_and_the_cli_reads_stdin(tmp_path, redis_client, mysql_store):
+    from checkpoints import runs
+    from fenced.errors import InvalidRequest
+    from tasks import submit_run
+
+    with pytest.raises(InvalidRequest, match="FENCED_MAX_QUERY_CHARS"):
+        submit_run("u-big", "x" * 1_000_000)
+    assert runs.list_runs() == [], "nothing written"
+    assert redis_client.zcard("fenced:{admission}:user:u-big") == 0
+    db = {"FENCED_DB_URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    big = subprocess.run([str(BIN / "fenced"), "submit", "-"], input="y" * 20_000, capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "FENCED_REDIS_URL": REDIS_URL, **db}, timeout=60)
+    assert big.returncode == 2 and "the limit is 16000" in one_line_error(big)
+    env = {**os.environ, "FENCED_REDIS_URL": REDIS_URL, **db}
+    ok = subprocess.run([str(BIN / "fenced"), "submit", "-", "--user", "u-stdin"], input="buy [a] hat\n",
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    shown = fenced("status", ok.stdout.strip(), **db)
+    assert "buy [a] hat" in shown.stdout

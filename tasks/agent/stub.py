@@ -1,9 +1,10 @@
 """The deterministic stub model: fixed latency and token usage per step, a fixed four-step plan.
 
 planner -> item_search -> compare (adds to cart when the user asks to buy) -> shopping_summary.
-Test markers in the query drive the other paths: "[transient:N]" fails the first N calls of a step,
-"[terminal]" fails at step 1, "[poison]" kills its own process at step 1, "[ask]" asks the person at
-step 1, "[fixable]" asks for an unknown item at step 1 until a person replied.
+Test markers in the query drive the other paths, only with FENCED_FAULTS_ENABLED (tests and chaos):
+"[transient:N]" fails the first N calls of a step, "[terminal]" fails at step 1, "[poison]" kills its own
+process at step 1, "[ask]" asks the person at step 1, "[fixable]" asks for an unknown item at step 1
+until a person replied.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class StubModel:
         self.step_ms = s.stub_step_ms if step_ms is None else step_ms
         self.tokens = s.stub_tokens if tokens is None else tokens
         self.count_paid = s.stub_count_paid
+        # The test markers ([poison] kills its own worker) are live only where fault points are: in the
+        # test suite and chaos runs (FENCED_FAULTS_ENABLED), never in a demo or deployment.
+        self.markers = s.faults_enabled
 
     def decide(self, ctx: AgentContext) -> Decision:
         self._misbehave(ctx)
@@ -70,9 +74,9 @@ class StubModel:
             found = _result(ctx, 0, "item_search")
             ids = [i["id"] for i in found[:3]]
             calls = [ToolCall(_call_id(), "compare", {"item_ids": ids})]
-            if "[ask]" in ctx.query:
+            if self.markers and "[ask]" in ctx.query:
                 calls.insert(0, ToolCall(_call_id(), "ask_user", {"question": "Any preferred brand?"}))
-            if "[fixable]" in ctx.query and not ctx.replies:
+            if self.markers and "[fixable]" in ctx.query and not ctx.replies:
                 calls = [ToolCall(_call_id(), "add_to_cart", {"items": [{"id": "sku-999"}]})]
             return Decision(name, f"Found {len(found)} candidates; comparing the top {len(ids)}.", calls, **usage)
         if ctx.step == 2:
@@ -92,6 +96,8 @@ class StubModel:
         return Decision(name, answer, [], final=True, answer=answer, **usage)
 
     def _misbehave(self, ctx: AgentContext) -> None:
+        if not self.markers:
+            return
         q = ctx.query
         if "[poison]" in q and ctx.step == 1:
             os.kill(os.getpid(), signal.SIGKILL)
