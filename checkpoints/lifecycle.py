@@ -87,10 +87,15 @@ def _dead_letter(row: Any) -> DeadLetter:
                       row["replayed_at_ms"], row["replayed_by"])
 
 
-def dead_letters_list(limit: int = 100) -> list[DeadLetter]:
+def dead_letters_list(limit: int = 100, include_revived: bool = False) -> list[DeadLetter]:
+    """Dead letters, newest first: runs that are dead now (a replayed run that went on, or was cancelled
+    since, is no longer a dead letter), or every case file ever written with `include_revived`."""
+    q = sa.select(dead_letters).order_by(dead_letters.c.at_ms.desc()).limit(limit)
+    if not include_revived:
+        q = q.join(run_checkpoints, run_checkpoints.c.run_id == dead_letters.c.run_id).where(
+            run_checkpoints.c.state == "dead")
     with transaction(readonly=True) as conn:
-        rows = conn.execute(sa.select(dead_letters).order_by(dead_letters.c.at_ms.desc()).limit(limit)).mappings()
-        return [_dead_letter(r) for r in rows.all()]
+        return [_dead_letter(r) for r in conn.execute(q).mappings().all()]
 
 
 def dead_letter(run_id: str) -> DeadLetter:

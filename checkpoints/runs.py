@@ -335,10 +335,10 @@ def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> list[dic
         run = c.run
         fenced_update_txn(conn, run.run_id, c.epoch, "dead-letter", state="dead", owner=None,
                           error_class="dead", error=reason, finished_at_ms=now, updated_at_ms=now)
+        _end_attempt_txn(conn, c.attempt_id, "dead", reason)  # first, so the case file shows it ended so
         attempts = [dict(r) for r in conn.execute(
             sa.select(run_attempts).where(run_attempts.c.run_id == run.run_id).order_by(run_attempts.c.id)
         ).mappings().all()]
-        _end_attempt_txn(conn, c.attempt_id, "dead", reason)
         conn.execute(dead_letters.delete().where(dead_letters.c.run_id == run.run_id))
         conn.execute(dead_letters.insert().values(
             run_id=run.run_id, step=run.step, reason=reason, attempts=json.dumps(attempts, default=str),
@@ -347,7 +347,8 @@ def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> list[dic
         # The hold stays held: a replay settles it in its terminal transaction; the sweeper settles
         # what was used once a dead letter has waited hold_expiry_s without a replay.
         ledger.record_txn(conn, run.run_id, c.epoch, c.token, "dead_lettered", reason,
-                          {"attempts": len(attempts)})
+                          {"attempts": len(attempts),
+                           "attempts_of_step": sum(a["step"] == run.step for a in attempts)})
         return attempts
 
     return in_txn(txn)

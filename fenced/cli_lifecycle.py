@@ -91,17 +91,20 @@ def cancel(run_id: RunArg, user: OwnerOpt = None, as_json: JsonOpt = False) -> N
 
 
 @dlq.command("list")
-def dlq_list(as_json: JsonOpt = False, limit: Annotated[int, typer.Option(min=1)] = 50) -> None:
-    """Dead-lettered runs, newest first."""
+def dlq_list(as_json: JsonOpt = False, limit: Annotated[int, typer.Option(min=1)] = 50,
+             include_revived: Annotated[bool, typer.Option("--all", help="Also runs replayed since.")] = False,
+             ) -> None:
+    """Runs that are dead now, newest first (`--all`: every dead letter, replayed ones too)."""
     from checkpoints.lifecycle import dead_letters_list
 
-    found = dead_letters_list(limit)
+    found = dead_letters_list(limit, include_revived)
     if as_json:
         emit_json([asdict(d) for d in found])
         return
-    table = Table("run", "step", "attempts", "reason", "at", "replays")
+    table = Table("run", "step", "deliveries of step", "reason", "at (UTC)", "replays")
     for d in found:
-        table.add_row(d.run_id, str(d.step), str(len(d.attempts)), d.reason, _clock(d.at_ms), str(d.replays))
+        table.add_row(d.run_id, str(d.step), str(sum(a["step"] == d.step for a in d.attempts)), d.reason,
+                      _clock(d.at_ms), str(d.replays))
     out.print(table if found else "no dead letters")
 
 
@@ -119,11 +122,14 @@ def dlq_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(asdict(d))
         return
+    of_step = [a for a in d.attempts if a["step"] == d.step]
     out.print(f"run {d.run_id}: dead at step {d.step}: {d.reason}  (replayed {d.replays} times)")
-    table = Table("epoch", "step", "worker", "started", "outcome", "error")
+    out.print(f"deliveries of step {d.step}: {len(of_step)} (the last one dead-lettered it); "
+              f"every delivery of the run: {len(d.attempts)}")
+    table = Table("epoch", "step", "worker", "started (UTC)", "outcome", "error")
     for a in d.attempts:
         table.add_row(str(a["epoch"]), str(a["step"]), a["worker"], _clock(int(a["started_at_ms"])),
-                      a["outcome"] or "died (no outcome)", a["error"] or "")
+                      a["outcome"] or "no outcome: the worker died or was cut off", a["error"] or "")
     out.print(table)
     out.print(f"observations: {d.observations}")
 

@@ -217,3 +217,26 @@ def test_a_query_over_the_limit_is_refused_and_the_cli_reads_stdin(tmp_path, red
     assert ok.returncode == 0, ok.stderr
     shown = fenced("status", ok.stdout.strip(), **db)
     assert "buy [a] hat" in shown.stdout
+
+
+def test_the_dead_letter_case_file_is_consistent(mysql_store):
+    """`dlq show` counted every delivery of the run beside "claimed 3 times", showed the delivery that
+    dead-lettered as died, and a run replayed then cancelled stayed in `dlq list`."""
+    from checkpoints import lifecycle, runs
+    from checkpoints.db import in_txn
+    from tasks.control import cancel_run, replay_dead_letter
+
+    run_id = runs.new_run_id()
+    in_txn(runs.create_run_txn, run_id, "u-dlq", "normal", "buy a lamp", "test")
+    claims = [runs.claim(run_id, f"w/{i}") for i in range(4)]
+    last = claims[-1]
+    assert last is not None and last.deliveries == 4
+    runs.dead_letter(last, "step 0 claimed 3 times without finishing", {})
+    case = lifecycle.dead_letter(run_id)
+    assert [a["outcome"] for a in case.attempts][-1] == "dead", "the dead-lettering delivery says so"
+    assert sum(a["step"] == case.step for a in case.attempts) == 4
+    assert [d.run_id for d in lifecycle.dead_letters_list()] == [run_id]
+    replay_dead_letter(run_id, "ops")
+    cancel_run(run_id, "ops")
+    assert lifecycle.dead_letters_list() == [], "replayed then cancelled: no longer a dead letter"
+    assert [d.run_id for d in lifecycle.dead_letters_list(include_revived=True)] == [run_id]
