@@ -38,12 +38,23 @@ class RunRequest(Request):
             log.warning("child_died_rescue_failed", run_id=run_id, error=repr(exc))
 
 
-@app.task(name="fenced.run_agent", bind=True, acks_late=True, ignore_result=True, Request=RunRequest)
+class RunEnded(Exception):
+    """The delivery ended its run failed or dead: raised so Celery (and Flower) mark this task FAILURE.
+
+    Listed in the task's `throws`, so Celery logs it in one line without a traceback, and never
+    retried: the message is acked (late acks ack a failure) and the run row already says how it ended."""
+
+
+@app.task(name="fenced.run_agent", bind=True, acks_late=True, ignore_result=True, Request=RunRequest,
+          throws=(RunEnded,))
 def run_agent(self: Task, run_id: str, step: int | None = None) -> str:
-    """Wake a run up: the run row decides what happens (see tasks.delivery and DESIGN.md)."""
+    """Wake a run up: the run row decides what happens (see tasks.delivery and docs/design.md)."""
     from tasks.delivery import deliver
 
-    return deliver(run_id, step, send_next=send_continuation)
+    outcome = deliver(run_id, step, send_next=send_continuation)
+    if outcome in ("failed", "dead"):
+        raise RunEnded(f"run {run_id} ended {outcome} in this delivery (see `fenced status {run_id}`)")
+    return outcome
 
 
 def send_wakeup(run_id: str, step: int | None, queue: str, **options: Any) -> None:

@@ -240,3 +240,48 @@ def test_the_dead_letter_case_file_is_consistent(mysql_store):
     cancel_run(run_id, "ops")
     assert lifecycle.dead_letters_list() == [], "replayed then cancelled: no longer a dead letter"
     assert [d.run_id for d in lifecycle.dead_letters_list(include_revived=True)] == [run_id]
+
+
+@pytest.mark.chaos
+def test_flower_shows_the_delivery_that_failed_a_run_as_failure(workers, redis_client):
+    """A run that failed showed as SUCCESS in Flower; the delivery that ends a run failed (or dead) is
+    now a FAILURE there, and Celery does not retry it (the run row already says how it ended)."""
+    import json as json_mod
+    import socket
+    import urllib.request
+
+    from tasks import submit_run, wait
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flower = subprocess.Popen([str(BIN / "fenced"), "flower", "--port", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, cwd=ROOT, env={**os.environ}, start_new_session=True)
+    try:
+        def tasks_in(state: str) -> dict:
+            url = f"http://127.0.0.1:{port}/api/tasks?state={state}"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return json_mod.loads(resp.read())
+
+        for _ in range(100):
+            try:
+                tasks_in("FAILURE")
+                break
+            except OSError:
+                time.sleep(0.2)
+        workers.start("a")
+        failed = submit_run("u-flower", "buy a lamp [terminal]")
+        fine = submit_run("u-flower", "buy a lamp")
+        assert wait(failed, 60).state == "failed" and wait(fine, 60).state == "done"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            failures = [t for t in tasks_in("FAILURE").values() if failed in str(t.get("args"))]
+            if failures:
+                break
+            time.sleep(0.3)
+        assert len(failures) == 1 and "RunEnded" in str(failures[0].get("exception")), failures
+        assert not [t for t in tasks_in("FAILURE").values() if fine in str(t.get("args"))]
+        assert not [t for t in tasks_in("RETRY").values() if failed in str(t.get("args"))]
+    finally:
+        os.killpg(flower.pid, 9)
+        flower.wait()
