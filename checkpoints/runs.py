@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -207,17 +208,27 @@ def _claim_txn(conn: Connection, run_id: str, token: str) -> Claim | None:
         "run_id": run.run_id, "step": run.step, "epoch": epoch, "worker": token, "started_at_ms": now,
     }).inserted_primary_key[0]  # type: ignore[index]
     takeover = run.owner is not None
+    who = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(), "delivery": run.deliveries + 1}
     if takeover:
         ledger.record_txn(conn, run.run_id, epoch, token, "takeover",
                           f"previous holder {run.owner} (epoch {run.epoch}) never handed step {run.step} over; "
-                          f"resuming from checkpoint phase '{run.phase}'",
-                          {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase,
-                           "delivery": run.deliveries + 1})
+                          f"resuming {resume_point(run.phase, run.step)}",
+                          {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase, **who})
     else:
-        ledger.record_txn(conn, run.run_id, epoch, token, "claimed", f"step {run.step} claimed",
-                          {"delivery": run.deliveries + 1})
+        ledger.record_txn(conn, run.run_id, epoch, token, "claimed",
+                          f"step {run.step} claimed, {resume_point(run.phase, run.step)}", who)
     return Claim(run=run, epoch=epoch, token=token, attempt_id=int(attempt_id), takeover=takeover,
                  previous_owner=run.owner, deliveries=run.deliveries + 1)
+
+
+def resume_point(phase: str, step: int) -> str:
+    """Where a claim picks the run up, in words (the phase names the last checkpoint written)."""
+    if phase == "decided":
+        return (f"from checkpoint A of step {step} (phase decided): the model's recorded decision is replayed, "
+                "not paid again")
+    if phase == "done" and step > 0:
+        return f"after checkpoint B of step {step - 1} (phase done): step {step} starts with its model call"
+    return f"at the start of step {step} (phase none): no checkpoint of it yet"
 
 
 def fenced_update_txn(conn: Connection, run_id: str, epoch: int, what: str, **values: Any) -> None:

@@ -60,7 +60,7 @@ def emit_json(data: Any) -> None:
 def _ms(ms: int | None) -> str:
     if not ms:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
 def _clock(ms: int) -> str:
@@ -338,7 +338,7 @@ def events(
         emit_json([vars(e) for e in shown])
         return
     table = Table(box=None, header_style="bold")
-    for col in ("at", "epoch", "step", "type", "eid", "data"):
+    for col in ("at (UTC)", "epoch", "step", "type", "eid", "data"):
         table.add_column(col, no_wrap=True)
     for e in shown:
         at = _clock(int(e.stream_id.split("-")[0])) if e.stream_id else "-"
@@ -397,12 +397,29 @@ def ledger(run_id: RunArg, as_json: JsonOpt = False) -> None:
 
 def _ledger_table(entries: list[Any]) -> Table:
     table = Table(box=None, header_style="bold")
-    for col in ("at", "epoch", "kind", "actor"):
+    for col in ("at (UTC)", "epoch", "kind", "actor"):
         table.add_column(col, no_wrap=True)
     table.add_column("reason", overflow="fold")
+    names = _actor_names(entries)
     for e in entries:
-        table.add_row(_clock(e.at_ms), str(e.epoch), e.kind, e.actor, e.reason)
+        table.add_row(_clock(e.at_ms), str(e.epoch), e.kind, names.get(e.actor, e.actor), e.reason)
     return table
+
+
+def _actor_names(entries: list[Any]) -> dict[str, str]:
+    """Lease tokens (`host:pid:nonce/delivery`) as people know workers: the Celery node and its pid, as
+    each claim recorded them; a token without a claim here shows its host and pid."""
+    names: dict[str, str] = {}
+    for e in entries:
+        parts = e.actor.split("/", 1)[0].split(":")
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue  # a person, the CLI, the API: shown as they are
+        node = e.detail.get("node") if e.kind in ("claimed", "takeover") else None
+        if node:
+            names[e.actor] = f"{node} pid {parts[1]}"
+        else:
+            names.setdefault(e.actor, f"pid {parts[1]} on {parts[0]}")
+    return names
 
 
 @app.command()

@@ -20,14 +20,16 @@ Send = Callable[[str], None]  # send a fresh wake-up for a run (whatever step it
 
 
 def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
-    """Send a wake-up if the run has no lease and nobody rescued it within `grace_ms`."""
+    """Send a wake-up if the run has no lease and nobody rescued it within `grace_ms`. The ledger entry
+    (`rescue`) carries the epoch being rescued, as the Redis mirror knows it (-1 if Redis lost it)."""
     client = get_redis()
     if not scripts_for(client)("rescue", [keys.lease(run_id), keys.rescue(run_id)], [grace_ms, process_token()]):
         return False
     send(run_id)
     log.warning("rescued", run_id=run_id, reason=reason)
     try:
-        ledger.record(run_id, -1, process_token(), "rescue", reason)
+        mirror = client.get(keys.epoch(run_id))
+        ledger.record(run_id, int(mirror) if mirror is not None else -1, process_token(), "rescue", reason)
     except Exception as exc:  # the wake-up is out; the record is best effort
         log.warning("rescue_record_failed", run_id=run_id, error=repr(exc))
     return True

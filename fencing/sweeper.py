@@ -48,10 +48,12 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
         pipe = client.pipeline(transaction=False)
         for run_id, _step, _kind, _at in stalled:
             pipe.exists(keys.lease(run_id))
-        for (run_id, step, _kind, _at), has_lease in zip(stalled, pipe.execute(), strict=True):
+        for (run_id, step, _kind, at), has_lease in zip(stalled, pipe.execute(), strict=True):
             if has_lease:
                 continue
-            reason = f"no lease and no progress for {s.sweeper_grace_ms} ms at step {step}"
+            # A stall: nothing scheduled the run (a lost message, a wiped Redis); found, it is said so.
+            reason = (f"no lease and no progress for {s.sweeper_grace_ms} ms at step {step} (stalled "
+                      f"{(now - at) / 1000:.1f} s since its last progress): woken by the sweeper")
             if rescue(run_id, s.sweeper_grace_ms, reason, send):
                 rescued.append(run_id)
         if len(stalled) < PAGE:

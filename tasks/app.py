@@ -70,6 +70,14 @@ def send_rescue(run_id: str) -> None:
     send_wakeup(run_id, None, queues.CONTINUE)
 
 
+@signals.celeryd_after_setup.connect
+def _name_the_node(sender: str = "", **_: Any) -> None:
+    """Remember this worker's node name (`w2@host`): the ledger names claims by it (pool children inherit)."""
+    import os
+
+    os.environ["FENCED_NODE_NAME"] = str(sender)
+
+
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     from checkpoints.db import migrate

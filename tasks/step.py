@@ -96,6 +96,8 @@ class StepRunner:
                 "last_event_id": run.last_event_id, "previous_owner": self.c.previous_owner,
                 "phase": run.phase, "step": self.step, "epoch": self.c.epoch,
             })
+            if run.phase != "decided":
+                self._note_a_lost_model_call()
         try:
             decision = self._decide(run)
             results = self._run_tools(decision)
@@ -117,6 +119,18 @@ class StepRunner:
         runs.write_step_done(self.c, self.step, self._checkpoint(), self.usage, self.last_event_id)
         self.log.info("step_done")
         return Outcome("continue", next_step=self.step + 1)
+
+    def _note_a_lost_model_call(self) -> None:
+        """A takeover before checkpoint A: if the old holder's model call for this step had answered (its
+        decision event is in the stream), that call was paid and lost; say whose cost it is."""
+        lost = [e for e in events.read(self.run_id)
+                if e.eid == f"s{self.step}:decision" and e.epoch < self.c.epoch]
+        if lost:
+            runs.record_fenced(self.c, "model_call_lost",
+                               f"the model call of step {self.step} by epoch {lost[-1].epoch} answered but was never "
+                               "checkpointed (its holder was lost before checkpoint A): that call is the "
+                               "platform's cost; the user is billed only for the calls checkpoint A records",
+                               {"lost_epoch": lost[-1].epoch, "step": self.step})
 
     def _decide(self, run: runs.Run) -> Decision:
         if run.phase == "decided":

@@ -285,3 +285,43 @@ def test_flower_shows_the_delivery_that_failed_a_run_as_failure(workers, redis_c
     finally:
         os.killpg(flower.pid, 9)
         flower.wait()
+
+
+@pytest.mark.chaos
+def test_the_ledger_names_workers_as_people_know_them(workers):
+    """Actors as Celery node names with the pid; times say UTC; the resume point in words."""
+    from tasks import submit_run, wait
+
+    workers.start("a")
+    run_id = submit_run("u-ledger", "buy headphones")
+    assert wait(run_id, 60).state == "done"
+    shown = fenced("ledger", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "at (UTC)" in shown.stdout
+    assert f"a@{os.uname().nodename} pid {workers.workers[0].pid}" in shown.stdout, shown.stdout
+    assert "after checkpoint B of step 0 (phase done): step 1 starts with its model call" in shown.stdout
+
+
+@pytest.mark.chaos
+def test_a_lost_model_call_and_the_rescued_epoch_are_in_the_ledger(workers):
+    """A holder killed after the model answered but before checkpoint A: the takeover says that call was
+    the platform's cost; the rescue names the epoch it rescued (not -1)."""
+    import signal
+
+    from checkpoints import ledger
+    from fenced import faults
+    from tasks import submit_run, wait
+
+    workers.start("a", FENCED_FAST_TAKEOVER="0")
+    workers.start("b", FENCED_FAST_TAKEOVER="0")
+    faults.arm("before_checkpoint_a", action="hang")
+    run_id = submit_run("u-lost", "buy headphones")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id
+    workers.by_pid(hit[2]).kill(signal.SIGKILL)
+    assert wait(run_id, 60).state == "done"
+    history = ledger.history(run_id)
+    lost = [e for e in history if e.kind == "model_call_lost"]
+    assert len(lost) == 1 and "platform's cost" in lost[0].reason and lost[0].detail["lost_epoch"] == 1
+    rescues = [e for e in history if e.kind == "rescue"]
+    assert rescues and all(e.epoch == 1 for e in rescues), [(e.epoch, e.reason) for e in rescues]
