@@ -293,17 +293,40 @@ def flower(
     os.execve(sys.executable, argv, env)  # noqa: S606 - replace this process: signals reach flower directly
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                              "help_option_names": []})
-def bench(ctx: typer.Context) -> None:
-    """Run the benchmarks (`python -m bench`): plain Celery vs fenced vs DBOS, overhead, takeover, growth.
+@app.command()
+def bench(
+    only: Annotated[str | None, typer.Option(help="Comma-separated sections: throughput, breakdown, checkpoint, "
+                                                  "growth, takeover (default: all).")] = None,
+    smoke: Annotated[bool, typer.Option("--smoke", help="Tiny sizes: checks the harness, measures nothing.")]
+    = False,
+    runs: Annotated[int | None, typer.Option(min=1, help="Throughput burst size (default 400, smoke 20).")] = None,
+    latency_runs: Annotated[int | None, typer.Option(min=1, help="Runs timed one at a time (default 100).")]
+    = None,
+    model_ms: Annotated[int, typer.Option(min=0, help="Second throughput pass: model latency per step (0 = skip).")]
+    = 200,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes per contender.")] = 2,
+    concurrency: Annotated[int, typer.Option(min=1, help="Concurrency per worker.")] = 4,
+    no_dbos: Annotated[bool, typer.Option("--no-dbos", help="Leave DBOS out (needs PostgreSQL and `dbos`).")]
+    = False,
+    results: Annotated[Path | None, typer.Option(help="Where the JSON goes (default bench/results).")] = None,
+    docs: Annotated[Path | None, typer.Option(help="Where benchmarks.md and .png go (default docs).")] = None,
+    render: Annotated[Path | None, typer.Option(help="Only redraw the report from saved results (a JSON file).")]
+    = None,
+) -> None:
+    """The benchmarks: plain Celery vs fenced (MariaDB, SQLite) vs DBOS, step breakdown, takeover, growth.
 
-    Arguments go to `python -m bench` (`fenced bench --help` lists them); needs `pip install -e .[bench]`."""
+    Progress goes to stderr, one line per stage; the figures to bench/results and docs/benchmarks.md.
+    Needs the bench extra: pip install -e '.\\[bench]' (typer reads help as Rich markup)."""
     try:
         from bench.cli import main as bench_main
     except ImportError as exc:
         fail(f"the benchmark is not installed here ({exc}); from a checkout: pip install -e '.[bench]'")
-    raise typer.Exit(bench_main(list(ctx.args)))
+    argv = [*(["--only", only] if only else []), *(["--smoke"] if smoke else []),
+            *(["--runs", str(runs)] if runs else []), *(["--latency-runs", str(latency_runs)] if latency_runs else []),
+            "--model-ms", str(model_ms), "--workers", str(workers), "--concurrency", str(concurrency),
+            *(["--no-dbos"] if no_dbos else []), *(["--results", str(results)] if results else []),
+            *(["--docs", str(docs)] if docs else []), *(["--render", str(render)] if render else [])]
+    raise typer.Exit(bench_main(argv))
 
 
 @app.command()
