@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -135,6 +136,23 @@ def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show th
         fail(str(exc))
     if not verbose:
         quiet_core_logs()
+        logging.getLogger("checkpoints.db").addFilter(_RetryNotice())
+
+
+class _RetryNotice(logging.Filter):
+    """At a prompt, a database outage shows as one line when retrying starts, not a log line per try."""
+
+    shown = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "db_retry" not in record.getMessage():
+            return True
+        if not _RetryNotice.shown:
+            _RetryNotice.shown = True
+            from fenced.settings import get_settings
+
+            typer.echo(f"waiting for the run store (retrying for up to {get_settings().db_retry_s:g} s)…", err=True)
+        return False
 
 
 # -- commands ----------------------------------------------------------------------------------------
