@@ -17,7 +17,7 @@ from chaos.report import ScenarioResult
 from checkpoints import billing, runs
 from checkpoints.db import transaction
 from checkpoints.schema import TERMINAL_STATES, run_checkpoints
-from fenced.history import check_history
+from fenced.history import check_healthy, check_history
 from fenced.verdict import check_run
 from fenced.workers import REPO_ROOT
 from fencing import keys
@@ -159,14 +159,18 @@ def control_charge(submit: Callable[[str, str], str], timeout_s: float) -> int |
 
 
 def judge(result: ScenarioResult, run_ids: list[str], control: int | None, *, check_events: bool = True,
-          expect: str = "done") -> None:
-    """Judge every run against the four conditions (and the control run's charge)."""
+          expect: str = "done", healthy: bool = False, gap_ms: int = 1000) -> None:
+    """Judge every run against the four conditions (and the control run's charge). `healthy`: these runs
+    were not disturbed, so they must also meet fenced.history.HEALTHY_CONDITIONS (no takeover or rescue,
+    every step handed to the next within `gap_ms`)."""
     from fenced.settings import get_settings
 
     one_call = billing.credits_for(get_settings().stub_tokens, 0, 10**9)
     result.runs += len(run_ids)
     # The history, not only the final rows: stale writes, stream order, paid calls, accounts, orders.
     for violation in check_history(run_ids):
+        result.fail(violation.where, violation.condition, violation.detail)
+    for violation in check_healthy(run_ids, gap_ms) if healthy else []:
         result.fail(violation.where, violation.condition, violation.detail)
     for run_id in run_ids:
         v = check_run(run_id, check_events=check_events)

@@ -39,7 +39,19 @@ CONDITIONS = {
     "account": "per user: balance = starting balance - settled charges, held = open holds, no mismatch",
     "orders": "at most one order per card",
     "cards": "at most one card per decision (plus the renewals the ledger records)",
+    "effect_recorded": "every holder whose stream shows an effect tool's result has that effect's ledger entry "
+                       "(effect_created, effect_reused or effect_renewed) under its epoch",
 }
+
+# Conditions only a run nothing happened to must meet (`check_healthy`): chaos judges its control and
+# neighbour runs by them, never runs it disturbed.
+HEALTHY_CONDITIONS = {
+    "healthy": "no takeover, rescue, fence rejection or step timeout in the ledger",
+    "handoff_gap": "each step_started follows the previous step's step_done within the bound (a dropped "
+                   "continuation waits a lease TTL for its rescue)",
+}
+# Ledger entries that say something went wrong with a holder.
+TROUBLE_KINDS = frozenset({"takeover", "rescue", "fence_rejected", "step_timeout"})
 
 # Ledger entries a holder writes under its own epoch while (it believes) it owns the run. Notes about
 # a holder written by others or after the fact (fence_rejected, rescue, step_timeout) are not checked.
@@ -82,6 +94,32 @@ def check_history(run_ids: Iterable[str], start_balance: int | None = None) -> l
         out += _accounts(conn, ids, users, start_balance)
     for run_id in ids:
         out += _stream(run_id)
+    out += _effects_recorded(ids)
+    return out
+
+
+def check_healthy(run_ids: Iterable[str], gap_ms: int = 1000) -> list[Violation]:
+    """HEALTHY_CONDITIONS for runs nothing happened to (no kill, freeze or wipe touched them)."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return []
+    out: list[Violation] = []
+    with transaction(readonly=True) as conn:
+        for run_id, kind, reason in conn.execute(
+                sa.select(run_ledger.c.run_id, run_ledger.c.kind, run_ledger.c.reason)
+                .where(run_ledger.c.run_id.in_(ids), run_ledger.c.kind.in_(TROUBLE_KINDS))):
+            out.append(Violation("healthy", run_id, f"{kind} in an undisturbed run: {reason}"))
+    for run_id in ids:
+        done_at: dict[int, int] = {}
+        for ev in events.read(run_id):
+            at = int(ev.stream_id.split("-")[0])
+            if ev.type == "step_done":
+                done_at.setdefault(ev.step, at)
+            elif ev.type == "step_started" and ev.step - 1 in done_at:
+                gap = at - done_at.pop(ev.step - 1)
+                if gap > gap_ms:
+                    out.append(Violation("handoff_gap", run_id, f"step {ev.step} started {gap} ms after step "
+                                                                f"{ev.step - 1} was done (bound {gap_ms} ms)"))
     return out
 
 
@@ -197,4 +235,29 @@ def _stream(run_id: str) -> list[Violation]:
     for (eid, epoch), n in seen.items():
         if n > 1:
             out.append(Violation("stream_duplicate", run_id, f"event {eid} appended {n} times under epoch {epoch}"))
+    return out
+
+
+def _effects_recorded(ids: list[str]) -> list[Violation]:
+    """A holder that got an effect's result (its stream says so) performed it through the effect helper,
+    which records the creation, the reuse of a first result or its renewal in the same transaction."""
+    with transaction(readonly=True) as conn:
+        actions: dict[str, set[str]] = defaultdict(set)
+        for run_id, action in conn.execute(sa.select(effects.c.run_id, effects.c.action)
+                                           .where(effects.c.run_id.in_(ids))):
+            actions[run_id].add(action)
+        recorded = Counter((r, e) for r, e in conn.execute(
+            sa.select(run_ledger.c.run_id, run_ledger.c.epoch)
+            .where(run_ledger.c.run_id.in_([r for r in ids if r in actions]),
+                   run_ledger.c.kind.in_(("effect_created", "effect_reused", "effect_renewed")))))
+    out = []
+    for run_id in sorted(actions):
+        results = {(ev.epoch, ev.eid) for ev in events.read(run_id)
+                   if ev.type == "tool_result" and ev.data.get("name") in actions[run_id]}
+        shown = Counter(epoch for epoch, _eid in results)
+        for epoch, n in sorted(shown.items()):
+            if recorded[(run_id, epoch)] < n:
+                out.append(Violation("effect_recorded", run_id,
+                                     f"{n} effect results shown under epoch {epoch}, {recorded[(run_id, epoch)]} "
+                                     f"effect ledger entries (created/reused/renewed) of that epoch"))
     return out
