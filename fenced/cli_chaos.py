@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from fenced.cli import app
+
+if TYPE_CHECKING:
+    from chaos.harness import ChaosConfig
 
 
 class Scenario(StrEnum):
@@ -35,6 +39,11 @@ def chaos(
     lease_ms: Annotated[int, typer.Option(min=200, help="Lease TTL of the chaos workers.")] = 30_000,
     step_ms: Annotated[int, typer.Option(min=0, help="Stub model latency per step.")] = 400,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    mutations: Annotated[bool, typer.Option("--mutations", help="Run the mutation matrix instead: every "
+                                            "mutation of chaos/mutation.py against its scenario, with a control "
+                                            "run from the unmutated tree; exit 1 if one is not caught.")] = False,
+    mutation: Annotated[list[str], typer.Option("--mutation", "-m", help="With --mutations: only these "
+                                                "(repeat for several).")] = [],  # noqa: B006
 ) -> None:
     """Kill, freeze and wipe real workers and stores, then judge every run. Point it at a test deployment:
     `wipe` flushes the configured Redis and `db-restart` restarts the local MariaDB."""
@@ -44,6 +53,10 @@ def chaos(
     from checkpoints.db import migrate
 
     migrate()
+    if mutations or mutation:
+        _mutations(mutation, ChaosConfig(lease_ms=min(lease_ms, 2000), step_ms=min(step_ms, 300), tool_ms=200),
+                   as_json)
+        return
     names = list(SCENARIOS) if Scenario.all in scenario else [s.value for s in scenario]
     cfg = ChaosConfig(lease_ms=lease_ms, step_ms=step_ms)
     results: list[ScenarioResult] = []
@@ -70,3 +83,51 @@ def chaos(
     else:
         render(results)
     raise typer.Exit(0 if all(r.ok or not r.runs for r in results) else 1)
+
+
+def _mutations(names: list[str], cfg: ChaosConfig, as_json: bool) -> None:
+    """Run the mutation matrix (or the named mutations) and print its table."""
+    from rich.table import Table
+
+    from chaos.mutation import MUTATIONS, MutationResult, check_mutation
+
+    unknown = [n for n in names if n not in MUTATIONS]
+    if unknown:
+        raise typer.BadParameter(f"unknown mutation(s) {unknown}; known: {', '.join(MUTATIONS)}")
+    err = Console(stderr=True)
+    results: list[MutationResult] = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task("mutations")
+        for name in names or list(MUTATIONS):
+            results.append(check_mutation(name, cfg, progress=lambda msg: bar.update(task, description=msg)))
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        out = Console(width=None if sys.stdout.isatty() else 200)
+        table = Table(title=f"fenced mutation matrix (lease {cfg.lease_ms} ms unless the mutation sets one)")
+        for col in ("mutation", "scenario", "must fail on", "control ok", "mutant failed on", "caught", "time"):
+            table.add_column(col)
+        for r in results:
+            if r.equivalent:
+                caught = "[yellow]no: equivalent[/]" if r.mutant.ok else "[red]yes, though listed as equivalent[/]"
+            else:
+                caught = ("[green]yes[/]" if r.caught else "[red]no (blocked: see below)[/]" if r.blocked
+                          else "[red]no[/]")
+            table.add_row(r.name, r.scenario, ", ".join(r.expected), "yes" if r.control_ok else "[red]NO[/]",
+                          ", ".join(r.mutant_failed) or "-", caught,
+                          f"{r.control.elapsed_s + r.mutant.elapsed_s:.0f} s")
+        out.print(table)
+        for r in results:
+            if r.equivalent:
+                out.print(f"[dim]{r.name}: equivalent mutant: {r.equivalent}[/]")
+            if r.blocked and not r.caught:
+                out.print(f"[red]{r.name}: blocked: {r.blocked}[/]")
+            for label, res in (("control", r.control), ("mutant", r.mutant)):
+                if res is r.mutant and r.caught:
+                    continue
+                for f in res.failures[:5]:
+                    out.print(f"[red]{r.name} ({label}): run {f.run_id} broke '{f.condition}': {f.reason}[/]")
+                for note in res.notes:
+                    out.print(f"[dim]{r.name} ({label}): {note}[/]")
+    raise typer.Exit(0 if all(r.ok for r in results) else 1)
