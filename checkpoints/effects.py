@@ -41,6 +41,15 @@ Create = Callable[[Connection, str], dict[str, Any]]  # (connection, request key
 Unusable = Callable[[Connection, dict[str, Any]], str | None]
 
 
+def _fault_point(name: str, run_id: str) -> None:
+    """A named fault point (fenced.faults) for tests and chaos; fenced.faults is on the Redis side, a floor
+    up, so it is imported only where FENCED_FAULTS_ENABLED is set."""
+    if get_settings().faults_enabled:
+        from fenced import faults
+
+        faults.point(name, run_id)
+
+
 def perform_once(c: Claim, action: str, payload: Any, create: Create,
                  unusable: Unusable | None = None) -> tuple[dict[str, Any], bool]:
     """Run `create` once per (run, action, payload) as holder `c`; returns (result, reused).
@@ -50,6 +59,7 @@ def perform_once(c: Claim, action: str, payload: Any, create: Create,
     result can no longer be used, the replay runs `create` again (a new operation, ledger
     `effect_renewed`) and the record points at the new result from then on."""
     key = request_key(c.run.run_id, action, payload)
+    _fault_point("before_effect", c.run.run_id)
     return in_txn(_perform_once_txn, c, action, key, create, unusable)
 
 
@@ -236,6 +246,7 @@ def _confirm_txn(conn: Connection, card_id: str, user_id: str) -> Order:
         row = conn.execute(sa.select(orders).where(orders.c.operation_id == card["operation_id"])).mappings().one()
         return Order(row["order_id"], row["operation_id"], row["card_id"], row["user_id"], row["created_at_ms"],
                      reused=True)
+    _fault_point("in_confirm", card["run_id"])
     conn.execute(cart_cards.update().where(cart_cards.c.card_id == card_id)
                  .values(state="confirmed", confirmed_at_ms=now))
     ledger.record_txn(conn, card["run_id"], run.epoch, user_id, "order_placed",

@@ -24,6 +24,8 @@ POINTS = (
     "before_checkpoint_a",  # the decision's event is out, checkpoint A not written: the DB fence is next
     "after_tools",  # every tool returned, checkpoint B not written
     "after_terminal_write",  # the terminal transaction committed, the message not acked
+    "before_effect",  # a holder is about to perform an effect (add-to-cart): its fenced transaction is next
+    "in_confirm",  # a confirm inserted its order; the card update and the commit are next (run_id: the card's)
 )
 log = structlog.get_logger("fenced.faults")
 

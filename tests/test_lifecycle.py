@@ -15,6 +15,7 @@ from checkpoints.db import transaction
 from checkpoints.schema import orders
 from fenced import faults
 from fenced.errors import InvalidRequest
+from fenced.history import check_history
 from fenced.verdict import check_run
 from fencing import events, keys
 from fencing.connection import get_redis
@@ -41,13 +42,22 @@ def test_double_confirm_places_one_order_even_when_a_confirmer_is_killed(workers
     run_id = submit_run("alice", "buy headphones")
     wait_terminal([run_id], timeout=30)
     [card] = effects.cards_for(run_id)
-    procs = [_confirm_cli(card.card_id, "alice") for _ in range(3)]
-    procs[1].kill()  # one confirmer dies mid-flight, wherever it was
-    printed = {p.communicate(timeout=30)[0].strip() for p in (procs[0], procs[2])}
+    # The first confirmer is killed inside its confirm transaction: its order row is inserted, the card
+    # not yet marked confirmed, nothing committed.
+    faults.arm("in_confirm")
+    doomed = _confirm_cli(card.card_id, "alice")
+    hit = faults.next_hit(30)
+    assert hit == ("in_confirm", run_id, doomed.pid), hit
+    doomed.kill()
+    doomed.wait(10)
+    assert _order_count(card.card_id) == 0, "a killed confirmer's order must roll back with its transaction"
+    procs = [_confirm_cli(card.card_id, "alice") for _ in range(2)]
+    printed = {p.communicate(timeout=30)[0].strip() for p in procs}
     again = effects.confirm_card(card.card_id, "alice")
     assert printed == {again.order_id}, "every confirm prints the same order number"
     assert again.reused and _order_count(card.card_id) == 1
     assert effects.get_card(card.card_id).state == "confirmed"
+    assert not [v for v in check_history([run_id]) if v.condition == "orders"]
 
 
 def test_someone_elses_or_an_expired_card_is_refused(workers):
@@ -113,12 +123,17 @@ def test_fixable_failure_waits_with_its_reason_then_finishes(workers):
 
 
 def test_cancel_running_run_stops_it_and_nothing_lands_after(workers):
-    workers.start("a", FENCED_STUB_STEP_MS="1500")
+    workers.start("a")
+    # The holder is held right before its add-to-cart effect's transaction; it wakes after the cancel.
+    faults.arm("before_effect", hang_s=3)
     run_id = submit_run("dan", "buy an umbrella")
-    wait_for(lambda: runs.get_run(run_id).owner is not None, 20, "a holder")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id, hit
     result = cancel_run(run_id, "dan")
     assert not result.noop and result.previous_state == "running"
-    time.sleep(4)  # the holder's step ends; it must be refused
+    wait_for(lambda: any(e.kind == "fence_rejected" and "add_to_cart" in e.reason for e in ledger.history(run_id)),
+             15, "the woken holder's add-to-cart effect to be refused")
+    time.sleep(1)  # anything it might still write after the refusal
     run = runs.get_run(run_id)
     assert run.state == "cancelled"
     evs = events.read(run_id)
