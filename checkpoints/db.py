@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+import structlog
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from tenacity import RetryCallState, retry, retry_if_exception, wait_random_exponential
@@ -19,6 +20,7 @@ from fenced.settings import get_settings
 _lock = threading.Lock()
 _engines: dict[tuple[int, str], Engine] = {}
 T = TypeVar("T")
+log = structlog.get_logger("checkpoints.db")
 
 
 def get_engine(url: str | None = None) -> Engine:
@@ -121,10 +123,18 @@ def _retry_window_over(state: RetryCallState) -> bool:
     return (state.seconds_since_start or 0) >= get_settings().db_retry_s
 
 
+def _log_retry(state: RetryCallState) -> None:
+    """Say that a transaction is retried, and why (the chaos db-restart scenario looks for this line)."""
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning("db_retry", attempt=state.attempt_number, fn=getattr(state.fn, "__qualname__", "?"),
+                sleep_s=round(state.upcoming_sleep, 3), error=repr(exc)[:300])
+
+
 db_retry = retry(
     retry=retry_if_exception(is_transient_db_error),
     wait=wait_random_exponential(multiplier=0.1, max=2),
     stop=_retry_window_over,
+    before_sleep=_log_retry,
     reraise=True,
 )
 """Retry a whole transaction on transient database errors for up to `db_retry_s` (60 s in workers).
