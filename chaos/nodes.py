@@ -53,8 +53,13 @@ class WorkerNode:
     def stop(self) -> None:
         self.process.stop()
 
-    def logs(self) -> str:
-        return self.process.logs()
+    def logs(self, since: int = 0) -> str:
+        """What every incarnation logged, from offset `since` (a `log_mark()`) on."""
+        return self.process.logs()[since:]
+
+    def log_mark(self) -> int:
+        """Where the log ends now: `logs(since=mark)` then reads only what was logged after it."""
+        return len(self.process.logs())
 
     def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
         self.process.wait_for_log(text, timeout)

@@ -29,11 +29,14 @@ class Failure:
 
 @dataclass
 class ScenarioResult:
-    """One scenario's verdict: every run judged; takeover latencies (ms) by failure kind."""
+    """One scenario's verdict: every run judged; takeover latencies (ms) by failure kind; `acted`: how many
+    of its kills, freezes, wipes, restarts or blips hit a run in flight (a chaos scenario whose actions hit
+    nothing fails with condition `did_nothing`; a scenario that disturbs nothing on purpose leaves it 0)."""
 
     name: str
     params: dict[str, Any]
     runs: int = 0
+    acted: int = 0
     failures: list[Failure] = field(default_factory=list)
     latencies_ms: dict[str, list[float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -60,7 +63,7 @@ class ScenarioResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "scenario": self.name, "params": self.params, "runs": self.runs, "passed": self.passed,
+            "scenario": self.name, "params": self.params, "runs": self.runs, "acted": self.acted, "passed": self.passed,
             "failed": self.failed_runs, "ok": self.ok, "elapsed_s": round(self.elapsed_s, 1),
             "failures": [f.__dict__ for f in self.failures], "notes": self.notes,
             "fast_takeover_false_positives": self.false_positives,
@@ -73,13 +76,14 @@ def render(results: list[ScenarioResult], out: Console | None = None) -> None:
     """The verdict table, then every failure with its run and broken condition."""
     out = out or Console()
     table = Table(title="fenced chaos verdict")
-    for col in ("scenario", "runs", "passed", "failed", "takeover p50 / p95 / max (ms)", "false +", "time"):
+    for col in ("scenario", "runs", "acted", "passed", "failed", "takeover p50 / p95 / max (ms)", "false +", "time"):
         table.add_column(col)
     for r in results:
         lat = "; ".join(f"{kind}: {_ms(percentile(v, 50))} / {_ms(percentile(v, 95))} / {_ms(max(v))} (n={len(v)})"
                         for kind, v in r.latencies_ms.items() if v) or "-"
-        table.add_row(r.name, str(r.runs), f"[green]{r.passed}[/]", f"[{'red' if r.failed_runs else 'green'}]"
-                      f"{r.failed_runs}[/]", lat, str(r.false_positives), f"{r.elapsed_s:.0f} s")
+        table.add_row(r.name, str(r.runs), f"[{'green' if r.acted else 'red'}]{r.acted}[/]", f"[green]{r.passed}[/]",
+                      f"[{'red' if r.failed_runs else 'green'}]{r.failed_runs}[/]", lat, str(r.false_positives),
+                      f"{r.elapsed_s:.0f} s")
     out.print(table)
     for r in results:
         for note in r.notes:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaos.harness import ChaosConfig
-from chaos.report import ScenarioResult
-from chaos.scenarios import run
+from chaos.report import ScenarioResult, percentile
+from chaos.scenarios import bounds, run
 
 pytestmark = pytest.mark.chaos
 
@@ -25,14 +27,32 @@ REDUCED = {
 }
 
 
+# ChaosConfig overrides per scenario. kill: a 6 s lease, twice its p95 bound (3 s), so a lease-only
+# takeover (lease + reaper tick) fails the bound that fast takeover (~0.5-1.2 s) meets.
+CFG: dict[str, dict[str, Any]] = {"kill": {"lease_ms": 6000}}
+
+
 @pytest.mark.parametrize("name", list(REDUCED))
 def test_scenario_passes_at_reduced_scale(name: str, mysql_store: str, tmp_path: Path) -> None:
-    cfg = ChaosConfig(lease_ms=2000, step_ms=300, tool_ms=200, log_dir=tmp_path)
+    cfg = replace(ChaosConfig(lease_ms=2000, step_ms=300, tool_ms=200, log_dir=tmp_path), **CFG.get(name, {}))
     result: ScenarioResult = run(name, cfg, progress=lambda _msg: None, **REDUCED[name])
     assert result.runs > 0, result.notes
+    assert result.acted > 0, f"{name} hit no run in flight: it proved nothing ({result.notes})"
     assert result.ok, [f"{f.run_id} {f.condition}: {f.reason}" for f in result.failures] + result.notes
+    # The scenarios fail their bounds themselves (condition `bound`); these say which bounds they were.
+    bound = bounds(cfg)
+    assert bound.fast_takeover
     if name == "kill":
         takeovers = result.latencies_ms.get("whole-worker kill", [])
         assert takeovers, "the kills must have interrupted runs mid-step"
-        assert max(takeovers) <= cfg.lease_ms + 2000 + 1000, takeovers
+        assert bound.kill_p95_ms <= cfg.lease_ms // 2, "the bound must fail a takeover that waits for the lease"
+        assert (percentile(takeovers, 95) or 0) <= bound.kill_p95_ms, takeovers
+    if name == "child-kill":
+        takeovers = result.latencies_ms.get("pool child kill", [])
+        assert len(takeovers) == REDUCED[name]["times"], "every round killed a pool child mid-step"
+        assert bound.child_kill_ms <= 1000 and max(takeovers) <= bound.child_kill_ms, takeovers
+    if name == "zombie":
+        freezes = result.latencies_ms.get("freeze (SIGSTOP)", [])
+        assert len(freezes) == REDUCED[name]["times"], "every freeze was taken over"
+        assert bound.freeze_min_ms == cfg.lease_ms - cfg.lease_ms // 4 and min(freezes) >= bound.freeze_min_ms, freezes
     assert result.false_positives == 0
