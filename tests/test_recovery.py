@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -78,13 +79,28 @@ def test_sigkill_after_terminal_write_changes_nothing(workers):
 
 
 def test_prefork_pool_child_killed_mid_step(workers):
-    workers.start("a", pool="prefork", concurrency=2)
-    run_id, _ = _kill_at(workers, "after_tools", query="buy a backpack")
-    workers.start("b", pool="prefork", concurrency=2)
-    wait_terminal([run_id], timeout=40)
+    """OOM-style: only the pool child holding the step dies; its parent releases the lease and rescues the
+    run at once (fencing.liveness.child_died), long before the lease would run out."""
+    a = workers.start("a", pool="prefork", concurrency=2, FENCED_LEASE_TTL_MS="6000", FENCED_HEARTBEAT_MS="1500")
+    faults.arm("after_tools")
+    run_id = submit_run("u1", "buy a backpack")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id, hit
+    child = hit[2]
+    assert child != a.pid and workers.by_pid(child) is a, "the step runs in a pool child of a"
+    killed_ms = time.time() * 1000
+    os.kill(child, signal.SIGKILL)  # the child alone, not the process group
+    [run] = wait_terminal([run_id], timeout=40)
+    assert a.alive, "the parent outlived its child"
+    assert run.state == "done"
+    rescues = [e.reason for e in ledger.history(run_id) if e.kind == "rescue"]
+    assert any(r.startswith(f"pool child {child} died") for r in rescues), rescues
     v = check_run(run_id)
     assert v.ok, v.failures
-    assert v.takeovers == 1
+    assert v.takeovers == 1 and v.resumed_events == 1
+    resumed = next(e for e in get_redis().xrange(keys.events(run_id)) if e[1]["type"] == "task_resumed")
+    took_ms = int(resumed[0].split("-")[0]) - killed_ms
+    assert took_ms < 3000, f"taken over {took_ms:.0f} ms after the kill: the 6 s lease was waited for"
 
 
 def test_zombie_is_fenced_out_after_sigcont(workers):
