@@ -84,6 +84,15 @@ TOOL_PROBE = Edit(
     '            tool = ToolContext(self.c, call.id, self.step)\n',
 )
 
+# A fault point where a delivery lets go of its lease (release or handoff): a slow hand-over, so a
+# continuation sent before it would be picked up while the lease is still held.
+LET_GO_PROBE = Edit(
+    "tasks/delivery.py",
+    "    try:\n        if lease.timed_out:\n            return\n",
+    "    from fenced import faults\n\n    faults.point(\"before_let_go\", lease.run_id)  # mutation probe\n"
+    "    try:\n        if lease.timed_out:\n            return\n",
+)
+
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation(
         "checkpoint-epoch", "the fenced checkpoint UPDATE loses `AND epoch = ?` (runs._fenced_update)",
@@ -120,11 +129,9 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
         (Edit("fencing/lua/release_prefix.lua",
               "if current and string.sub(current, 1, #prefix) == prefix then",
               "if current then"),),
-        "child-freeze-kill", {"times": 2}, ("takeovers",),
-        blocked="tasks/app.py RunRequest.on_failure tests isinstance(exc_info.exception, WorkerLostError), but "
-                "Celery hands it a billiard ExceptionWithTraceback wrapping the WorkerLostError, so "
-                "liveness.child_died (the one caller that relies on this check) never runs; with the exception "
-                "unwrapped the mutant fails `takeovers` on every round"),
+        # Before 520e0e6 this mutant survived: liveness.child_died, the caller that relies on the check,
+        # never ran (the parent did not recognise billiard's wrapped WorkerLostError).
+        "child-freeze-kill", {"times": 2}, ("takeovers",)),
     Mutation(
         "send-before-release", "the continuation is sent before the lease is handed over (delivery.deliver)",
         (Edit("tasks/delivery.py",
@@ -134,7 +141,8 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
               '        if handoff is not None:\n'
               '            send_next(run_id, handoff)\n'
               '        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "db_unavailable", "error"))\n'),),
-        "steady", {"runs": 6}, ("healthy", "handoff_gap"), ci=True),
+        # Without the probe the sender wins the race nearly always (the release is one round trip).
+        "steady", {"runs": 4, "slow_release_ms": 300}, ("healthy", "handoff_gap"), probes=(LET_GO_PROBE,), ci=True),
     Mutation(
         "no-fast-takeover", "fast takeover off by default (settings.fast_takeover)",
         (Edit("fenced/settings.py", "fast_takeover: bool = Field(True,", "fast_takeover: bool = Field(False,"),),
@@ -335,12 +343,15 @@ def _runs_since(since_ms: int, user_prefix: str) -> list[str]:
             run_checkpoints.c.created_at_ms >= since_ms, run_checkpoints.c.user_id.like(f"{user_prefix}%"))).scalars())
 
 
-def steady(cfg: ChaosConfig, runs: int = 6, progress: Progress = print) -> ScenarioResult:
+def steady(cfg: ChaosConfig, runs: int = 6, slow_release_ms: int = 0, progress: Progress = print) -> ScenarioResult:
     """Nothing happens: `runs` runs on two workers, judged as healthy runs too (no takeover or rescue, every
-    step handed to the next within max(1 s, lease / 2))."""
-    result = ScenarioResult("steady", {"runs": runs, "lease_ms": cfg.lease_ms})
+    step handed to the next within max(1 s, lease / 2)). `slow_release_ms`: every delivery waits that long
+    before it lets go of its lease (probe point `before_let_go`): slow, but healthy."""
+    result = ScenarioResult("steady", {"runs": runs, "lease_ms": cfg.lease_ms, "slow_release_ms": slow_release_ms})
     with _cluster(cfg) as (cluster, submit):
         cluster.start(2)
+        if slow_release_ms:
+            _arm("before_let_go", "hang", times=runs * 8, hang_s=slow_release_ms / 1000)
         ids = [submit(f"steady-{i}", QUERIES[i % len(QUERIES)]) for i in range(runs)]
         if not wait_terminal(ids, cfg.timeout_s):
             result.notes.append(f"not every run ended within {cfg.timeout_s:.0f} s")
