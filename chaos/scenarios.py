@@ -232,8 +232,11 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
                 # Woken as soon as the new holder took over, while it is still mid-run: its checkpoint A
                 # write meets a live row, so only the epoch (not the run's state) can refuse it.
                 wait_for(partial(resumed_at_ms, run_id, freeze_ms), slow.timeout_s)
+                woken_ms = time.time() * 1000
                 holder.kill(signal.SIGCONT)
             ended = wait_terminal([run_id], slow.timeout_s)
+            if not self_stop:
+                woken_ms = time.time() * 1000
             holder.kill(signal.SIGCONT)
             at = resumed_at_ms(run_id, freeze_ms)
             if at is not None:
@@ -241,8 +244,10 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
                 if at - freeze_ms < bound.freeze_min_ms:
                     result.fail(run_id, "bound", f"a frozen holder was taken over {at - freeze_ms:.0f} ms after the "
                                                  f"freeze, sooner than lease - heartbeat = {bound.freeze_min_ms} ms")
+            # The frozen deliveries: the holder's claims from before it was woken. Woken mid-run, the same
+            # process may claim later steps of the run legitimately, under new tokens and epochs.
             mine = {e.actor for e in ledger.history(run_id) if e.kind in ("claimed", "takeover")
-                    and holder.owns(owner_pid(e.actor) or -1)}
+                    and holder.owns(owner_pid(e.actor) or -1) and e.at_ms < woken_ms}
             refused = wait_for(partial(_refused, run_id, mine), 15, every_s=0.2)
             judge(result, [run_id], None)
             finals = [e for e in ledger.history(run_id) if e.kind == "done"]
