@@ -151,8 +151,10 @@ class StepRunner:
             "name": decision.name, "text": decision.text,
             "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in decision.tool_calls],
         })
-        faults.point("before_checkpoint_a", self.run_id)
         self.boundary()
+        # After the boundary: a holder frozen here and woken after a takeover meets the database fence
+        # with its very next action (the chaos zombie's self-stop round relies on that).
+        faults.point("before_checkpoint_a", self.run_id)
         self.decision = decision
         runs.write_decided(self.c, self.step, self._checkpoint(decision=decision.to_dict()), self.usage,
                            self.last_event_id)
