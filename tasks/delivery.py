@@ -42,6 +42,9 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         log.info("duplicate_dropped", run_id=run_id, epoch=run.epoch, step=run.step)
         return "duplicate"
     watchdog = get_watchdog(s.heartbeat_ms)
+    # Renewed from now on: a claim that waits on the database (a frozen holder's row lock) must not
+    # lose the lease meanwhile. The step timeout counts from here too.
+    watchdog.track(lease, s.step_timeout_s)
     handoff: int | None = None
     claim = None
     outcome = "error"
@@ -56,7 +59,6 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
             log.info("not_live_at_claim", run_id=run_id, state=now.state if now else None)
             return outcome
         lease.epoch = claim.epoch
-        watchdog.track(lease, s.step_timeout_s)
         blog = log.bind(run_id=run_id, epoch=claim.epoch, step=claim.run.step)
         # The step raises the epoch mirror with its first event append (one round trip less); a dead
         # letter appends nothing before its fenced database write, so it raises the mirror here.
