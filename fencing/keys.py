@@ -29,6 +29,9 @@ def lease(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:lease"
 
 
+RESCUE_HOLDER = "rescue"  # the lease index's holder name for a rescue no delivery has answered yet
+
+
 def index_member(run_id: str, holder: str) -> str:
     """The lease index's member for `holder`'s lease on `run_id` (a token or a handoff value; no "|")."""
     return f"{holder}|{run_id}"

@@ -74,10 +74,10 @@ class Lease:
             scripts.queue(pipe, "acquire", [self.key, keys.rescue(self.run_id)], [self.token, self.ttl_ms, handoff])
             # Our own index entry: a refused acquire cannot move anyone else's deadline.
             pipe.zadd(keys.LEASE_INDEX, {self.member: now_ms() + self.ttl_ms})
-            if handoff:
-                # The handoff's entry is done with once someone took it (a refused acquire finds it
-                # taken by another delivery, which removes it too, or never set).
-                pipe.zrem(keys.LEASE_INDEX, keys.index_member(self.run_id, handoff))
+            # A rescue's or a handoff's entry is done with once a delivery holds the run (a refused
+            # acquire means another delivery does, and it removes them too).
+            pipe.zrem(keys.LEASE_INDEX, keys.index_member(self.run_id, keys.RESCUE_HOLDER),
+                      *([keys.index_member(self.run_id, handoff)] if handoff else []))
             register(pipe, [self.run_id], self.process)
 
         taken = bool(scripts.execute(client, build)[0])

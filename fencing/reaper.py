@@ -26,6 +26,10 @@ def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
     if not scripts_for(client)("rescue", [keys.lease(run_id), keys.rescue(run_id)], [grace_ms, process_token()]):
         return False
     send(run_id)
+    # Watched like a lease: if no delivery takes the run within the grace (the wake-up was swallowed by
+    # a worker that froze holding it, or lost), the reaper finds this entry and rescues again. The
+    # delivery that takes the lease removes it (Lease.acquire).
+    client.zadd(keys.LEASE_INDEX, {keys.index_member(run_id, keys.RESCUE_HOLDER): now_ms() + grace_ms})
     log.warning("rescued", run_id=run_id, reason=reason)
     try:
         mirror = client.get(keys.epoch(run_id))

@@ -5,6 +5,7 @@ Real Redis, MariaDB and SQLite; real worker processes where a worker is involved
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -115,7 +116,23 @@ def test_a_holder_that_dies_soon_after_its_own_rescue_is_rescued_at_once(redis_c
 
     assert liveness.child_died("r5", os.getpid(), sent.append)
     assert socket.gethostname() and sent == ["r5"] * 3
-    assert not _index_members(redis_client, "r5"), "the dead holders' index entries are gone"
+    assert _index_members(redis_client, "r5") == ["rescue|r5"], "dead holders unwatched; the rescue watched"
+
+
+def test_a_rescue_no_delivery_answers_is_sent_again(redis_client):
+    """A rescue message swallowed by a worker that froze holding it (or lost) left the run to the
+    sweeper once its marker expired; the rescue is watched in the lease index like a lease."""
+    sent: list[str] = []
+    assert reaper.rescue("rs", 300, "lease expired", sent.append)
+    assert reaper.reap(sent.append, 300) == [], "not before the grace"
+    time.sleep(0.35)
+    assert reaper.reap(sent.append, 300) == ["rs"] and sent == ["rs", "rs"]
+    answered: list[str] = []
+    assert reaper.rescue("ra", 300, "lease expired", answered.append)
+    assert Lease("ra", 30_000).acquire(None), "a delivery takes the run"
+    time.sleep(0.35)
+    assert "ra" not in reaper.reap(answered.append, 300)
+    assert answered.count("ra") == 1, "the answered rescue is not sent again"
 
 
 # -- 6. park lets go of the lease before `waiting` commits ------------------------------------------
