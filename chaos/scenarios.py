@@ -220,14 +220,11 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
             if self_stop:
                 holder, freeze_ms = _stopped_holder(cluster, run_id)
             else:
-                holder = wait_for(partial(_holder, cluster, run_id), 30)
-                freeze_ms = time.time() * 1000
+                holder, freeze_ms, run_id = _freeze_a_holder(cluster, submit, run_id, i, slow)
             if holder is None:
-                result.fail(run_id, "did_nothing", "no worker claimed the run: nothing was frozen")
+                result.fail(run_id, "did_nothing", "no worker held the run when frozen: nothing was frozen")
                 result.runs += 1
                 continue
-            if not self_stop:
-                holder.kill(signal.SIGSTOP)
             if self_stop:
                 # Woken as soon as the new holder took over, while it is still mid-run: its checkpoint A
                 # write meets a live row, so only the epoch (not the run's state) can refuse it.
@@ -260,6 +257,26 @@ def zombie(cfg: ChaosConfig, times: int = 10, progress: Progress = print) -> Sce
             how = "stopped itself before checkpoint A" if self_stop else "SIGSTOP mid-step"
             progress(f"zombie {i + 1}/{times} ({how}): {'refused' if refused else 'NOT refused'}")
     return result
+
+
+def _freeze_a_holder(cluster: Cluster, submit: Callable[[str, str], str], run_id: str, i: int,
+                     cfg: ChaosConfig, tries: int = 3) -> tuple[WorkerNode | None, float, str]:
+    """SIGSTOP the worker holding `run_id` mid-step. A holder that handed the step over between the look
+    and the stop froze with nothing in flight: it is woken, and the round goes again with a fresh run."""
+    for attempt in range(tries):
+        holder = wait_for(partial(_holder, cluster, run_id), 30)
+        if holder is None:
+            return None, 0.0, run_id
+        freeze_ms = time.time() * 1000
+        holder.kill(signal.SIGSTOP)
+        time.sleep(0.05)
+        if _holder(cluster, run_id) is holder:
+            return holder, freeze_ms, run_id
+        holder.kill(signal.SIGCONT)
+        wait_terminal([run_id], cfg.timeout_s)
+        if attempt + 1 < tries:
+            run_id = submit(f"zombie-{i}-again-{attempt}", QUERIES[i % len(QUERIES)])
+    return None, 0.0, run_id
 
 
 def _stopped_holder(cluster: Cluster, run_id: str) -> tuple[WorkerNode | None, float]:
