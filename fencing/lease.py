@@ -117,3 +117,9 @@ class Lease:
     def unwatch(self, client: redis.Redis | None = None) -> None:
         """Remove this holder's index entry (its last write committed after an early release)."""
         (client or get_redis()).zrem(keys.LEASE_INDEX, self.member)
+
+
+def rescue_answered(run_id: str, client: redis.Redis | None = None) -> None:
+    """A wake-up found the run with nothing to do (ended, waiting on a person): any rescue out for it is
+    answered, so its index entry goes (else the reaper would rescue a finished run again and again)."""
+    (client or get_redis()).zrem(keys.LEASE_INDEX, keys.index_member(run_id, keys.RESCUE_HOLDER))

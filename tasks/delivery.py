@@ -13,7 +13,7 @@ from fenced.settings import get_settings
 from fencing import admission, events, keys
 from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
-from fencing.lease import Lease, now_ms
+from fencing.lease import Lease, now_ms, rescue_answered
 from fencing.watchdog import get_watchdog
 from tasks.step import FINAL_EVENTS, StepRunner, dead_letter
 
@@ -26,6 +26,7 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
     run = runs.peek_run(run_id)
     if run is None:
         log.warning("unknown_run", run_id=run_id)
+        rescue_answered(run_id)
         return "unknown"
     if run.terminal:
         # Its holder may have died between the terminal commit and the final event or the slot release.
@@ -33,6 +34,8 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         admission.release_slot(run.user_id, run_id)
     if run.terminal or run.state == "waiting":
         log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
+        if step is None:  # a rescue (rescues carry no step): answered
+            rescue_answered(run_id)
         return "skipped"
     if step is not None and step != run.step:
         log.info("stale_wakeup_dropped", run_id=run_id, epoch=run.epoch, message_step=step, run_step=run.step)

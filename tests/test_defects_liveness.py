@@ -368,3 +368,17 @@ def test_a_frozen_sqlite_writer_costs_a_bounded_wait_and_its_death_frees_the_sto
     with transaction(url) as conn:  # the frozen writer died: the OS freed its lock
         conn.execute(run_ledger.insert().values(run_id="r8", at_ms=1, epoch=0, actor="t", kind="k", reason="r"))
     dispose_all()
+
+
+def test_a_rescue_of_a_finished_run_is_answered_once_not_sent_forever(store, redis_client):
+    """A wake-up that finds the run ended answers the rescue: the reaper must not rescue it again."""
+    from tasks.delivery import deliver
+
+    run = new_run()
+    c = runs.claim(run, "w/1")
+    runs.finish(c, "done", {}, Usage(), "", answer="ok")
+    sent: list[str] = []
+    assert reaper.rescue(run.run_id, 300, "lease expired", sent.append)
+    assert deliver(run.run_id, None, lambda _r, _s: None) == "skipped"
+    time.sleep(0.35)
+    assert run.run_id not in reaper.reap(sent.append, 300) and sent == [run.run_id]
