@@ -118,9 +118,24 @@ def is_transient_db_error(exc: BaseException) -> bool:
     return isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
 
 
+# A process at a prompt (the CLI) gives up sooner than a worker; set in that process only, never through
+# the environment, which the workers it starts (`fenced chaos`, `fenced demo`, `fenced worker`) inherit.
+_retry_window_s: float | None = None
+
+
+def set_retry_window(seconds: float) -> None:
+    """Retry transient database errors for `seconds` in this process (default: settings.db_retry_s)."""
+    global _retry_window_s
+    _retry_window_s = seconds
+
+
+def retry_window_s() -> float:
+    return _retry_window_s if _retry_window_s is not None else get_settings().db_retry_s
+
+
 def _retry_window_over(state: RetryCallState) -> bool:
     # Read at each attempt: a worker rides out a restart (db_retry_s, 60 s), the CLI gives up sooner.
-    return (state.seconds_since_start or 0) >= get_settings().db_retry_s
+    return (state.seconds_since_start or 0) >= retry_window_s()
 
 
 def _log_retry(state: RetryCallState) -> None:

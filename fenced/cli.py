@@ -38,6 +38,7 @@ class _Out:
 
 
 out = _Out()
+CLI_DB_RETRY_S = 5.0
 RUN_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled", "dead")  # checkpoints.schema
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 RunArg = Annotated[str, typer.Argument(help="A run id (or a unique prefix of one, 4+ characters).")]
@@ -127,13 +128,11 @@ def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show th
     from fenced.errors import ConfigError
     from fenced.settings import get_settings
 
-    # A person at a prompt: a database outage is reported after a few seconds, not after a worker's minute.
-    os.environ.setdefault("FENCED_DB_RETRY_S", "5")
-    get_settings.cache_clear()
     try:
         get_settings()  # a bad FENCED_* variable is one clear line here, before any command runs
     except ConfigError as exc:
         fail(str(exc))
+
     if not verbose:
         quiet_core_logs()
         logging.getLogger("checkpoints.db").addFilter(_RetryNotice())
@@ -149,9 +148,9 @@ class _RetryNotice(logging.Filter):
             return True
         if not _RetryNotice.shown:
             _RetryNotice.shown = True
-            from fenced.settings import get_settings
+            from checkpoints.db import retry_window_s
 
-            typer.echo(f"waiting for the run store (retrying for up to {get_settings().db_retry_s:g} s)…", err=True)
+            typer.echo(f"waiting for the run store (retrying for up to {retry_window_s():g} s)…", err=True)
         return False
 
 
@@ -499,9 +498,13 @@ def main() -> None:
     import redis
     import sqlalchemy as sa
 
-    from checkpoints.db import is_missing_schema
+    from checkpoints.db import is_missing_schema, set_retry_window
     from fenced.settings import get_settings
 
+    if "FENCED_DB_RETRY_S" not in os.environ:
+        # A person at a prompt: a database outage is reported after a few seconds, not a worker's minute.
+        # Set in this process only: the workers this command starts keep their own window.
+        set_retry_window(CLI_DB_RETRY_S)
     try:
         app()
     except (redis.ConnectionError, kombu.exceptions.OperationalError) as exc:
@@ -512,7 +515,9 @@ def main() -> None:
             typer.echo(f"error: the run store {_safe_url(get_settings().db_url)} has no schema yet: "
                        "run `fenced migrate` (workers also create it when they start)", err=True)
             sys.exit(2)
-        typer.echo(f"error: run store unreachable after {get_settings().db_retry_s:g} s of retries: "
+        from checkpoints.db import retry_window_s
+
+        typer.echo(f"error: run store unreachable after {retry_window_s():g} s of retries: "
                    f"{exc.orig or exc}", err=True)
         sys.exit(1)
 
