@@ -499,7 +499,7 @@ def main() -> None:
     import sqlalchemy as sa
 
     from checkpoints.db import is_missing_schema, set_retry_window
-    from fenced.settings import get_settings
+    from fenced.settings import get_settings, safe_url
 
     if "FENCED_DB_RETRY_S" not in os.environ:
         # A person at a prompt: a database outage is reported after a few seconds, not a worker's minute.
@@ -512,7 +512,7 @@ def main() -> None:
         sys.exit(1)
     except sa.exc.DBAPIError as exc:
         if is_missing_schema(exc):
-            typer.echo(f"error: the run store {_safe_url(get_settings().db_url)} has no schema yet: "
+            typer.echo(f"error: the run store {safe_url(get_settings().db_url)} has no schema yet: "
                        "run `fenced migrate` (workers also create it when they start)", err=True)
             sys.exit(2)
         from checkpoints.db import retry_window_s
@@ -521,12 +521,3 @@ def main() -> None:
                    f"{exc.orig or exc}", err=True)
         sys.exit(1)
 
-
-def _safe_url(url: str) -> str:
-    """A database URL without its password."""
-    import sqlalchemy as sa
-
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "(unparsable url)"

@@ -122,6 +122,16 @@ class Settings(BaseSettings):
         return self.db_url.startswith("mysql")
 
 
+def safe_url(url: str) -> str:
+    """A store URL (database or Redis) as it may be shown: without its password."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unparsable url)"
+
+
 @functools.cache
 def get_settings() -> Settings:
     """The process-wide settings, read once from the environment. Raises ConfigError with one line per

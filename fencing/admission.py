@@ -14,7 +14,7 @@ import redis
 import structlog
 
 from fenced.errors import AdmissionRefused
-from fenced.settings import get_settings
+from fenced.settings import get_settings, safe_url
 from fencing import keys
 from fencing.broker import get_broker_redis, shares_redis
 from fencing.connection import get_redis
@@ -72,7 +72,7 @@ def admit(run_id: str, user_id: str, queues: Sequence[str], client: redis.Redis 
         )
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
-                               f"Redis is unreachable at {_safe(s.redis_url)} ({exc}): the run was not "
+                               f"Redis is unreachable at {safe_url(s.redis_url)} ({exc}): the run was not "
                                "admitted and nothing was written") from exc
     except redis.RedisError as exc:
         raise AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
@@ -187,10 +187,3 @@ def _free(client: redis.Redis, slots: list[tuple[str, str]]) -> int:
         log.info("admission_slot_freed", run_id=run_id, user_id=user_id)
     return sum(int(r) for r in replies[0::2])
 
-
-def _safe(url: str) -> str:
-    """A Redis URL without its password."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1) if "://" in url else ("", url)
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

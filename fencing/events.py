@@ -14,6 +14,11 @@ from fencing import keys
 from fencing.connection import get_redis
 from fencing.scripts import scripts_for
 
+# A run's last event by how it ended: (event id, type). The id is fixed, so a repaired one merges.
+# Every terminal state has one (an expired run is `failed` with error_class "expired").
+FINAL_EVENTS = {"done": ("run:done", "run_done"), "failed": ("run:failed", "run_failed"),
+                "dead": ("run:dead", "run_dead"), "cancelled": ("run:cancelled", "run_cancelled")}
+
 
 @dataclass(frozen=True)
 class Event:

@@ -29,10 +29,12 @@ def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
     # Watched like a lease: if no delivery takes the run within the grace (the wake-up was swallowed by
     # a worker that froze holding it, or lost), the reaper finds this entry and rescues again. The
     # delivery that takes the lease removes it (Lease.acquire).
-    client.zadd(keys.LEASE_INDEX, {keys.index_member(run_id, keys.RESCUE_HOLDER): now_ms() + grace_ms})
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(keys.LEASE_INDEX, {keys.index_member(run_id, keys.RESCUE_HOLDER): now_ms() + grace_ms})
+    pipe.get(keys.epoch(run_id))
+    mirror = pipe.execute()[1]
     log.warning("rescued", run_id=run_id, reason=reason)
     try:
-        mirror = client.get(keys.epoch(run_id))
         ledger.record(run_id, int(mirror) if mirror is not None else -1, process_token(), "rescue", reason)
     except Exception as exc:  # the wake-up is out; the record is best effort
         log.warning("rescue_record_failed", run_id=run_id, error=repr(exc))

@@ -78,7 +78,7 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
 def _expired_event(run_id: str) -> None:
     """An expired run (never claimed; its row now `failed`) ends its stream like every terminal state."""
     try:
-        events.append(run_id, 0, "run:failed", "run_failed", 0,
+        events.append(run_id, 0, *events.FINAL_EVENTS["failed"], 0,
                       {"error_class": "expired", "error": "no worker picked the run up before its hold expired"})
     except (Exception, FencedOut) as exc:  # the row is the truth; a later wake-up repairs the stream
         log.warning("expired_event_failed", run_id=run_id, error=repr(exc))

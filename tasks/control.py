@@ -17,7 +17,7 @@ from tasks.submit import ADMISSION_QUEUES
 log = structlog.get_logger("tasks.control")
 
 # The final event of a cancelled run: a fixed id, so a repeated one merges in any client.
-CANCELLED_EVENT = "run:cancelled"
+CANCELLED_EVENT = events.FINAL_EVENTS["cancelled"][0]
 
 
 def cancel_run(run_id: str, by: str, user_id: str | None = None) -> Cancelled:
@@ -60,7 +60,7 @@ def _after_cancel(result: Cancelled, by: str) -> None:
             data = {"by": by, "previous_state": result.previous_state, "credits_charged": result.credits_charged}
             if result.noop:
                 data = {"by": by, "repaired": True}
-            events.append(run_id, epoch, CANCELLED_EVENT, "run_cancelled", -1, data)
+            events.append(run_id, epoch, *events.FINAL_EVENTS["cancelled"], -1, data)
     except (Exception, FencedOut) as exc:  # no newer epoch can exist after a cancel; never raise anyway
         log.warning("cancel_event_failed", run_id=run_id, epoch=epoch, error=repr(exc))
     try:

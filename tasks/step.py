@@ -36,10 +36,7 @@ from tasks.agent.tools import ToolContext, run_tool
 
 log = structlog.get_logger("tasks.step")
 
-# A run's last event by how it ended: (event id, type). The id is fixed, so a repaired one merges.
-# Every terminal state has one (an expired run is `failed` with error_class "expired").
-FINAL_EVENTS = {"done": ("run:done", "run_done"), "failed": ("run:failed", "run_failed"),
-                "dead": ("run:dead", "run_dead"), "cancelled": ("run:cancelled", "run_cancelled")}
+FINAL_EVENTS = events.FINAL_EVENTS  # re-exported: delivery and the CLI import it from here
 
 
 @dataclass(frozen=True)
