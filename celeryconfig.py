@@ -6,9 +6,9 @@ import sys
 
 from kombu import Queue
 
-from fenced.errors import ConfigError
-from fenced.settings import get_settings
-from fenced.workers import split_pool
+from fenced_core.errors import ConfigError
+from fenced_core.settings import get_settings
+from harness.workers import split_pool
 from tasks import queues
 
 try:
@@ -40,6 +40,9 @@ worker_concurrency = _settings.concurrency
 worker_pool = None if split_pool(sys.argv[1:])[0] else "threads"
 task_time_limit = _settings.step_timeout_s + 30
 worker_hijack_root_logger = False
+
+# The modules that define the agents and FencedTasks this worker runs: importing one registers them.
+imports = tuple(m.strip() for m in _settings.imports.split(",") if m.strip())
 
 task_queues = [Queue(name, routing_key=name) for name in queues.ALL]
 task_default_queue = queues.NORMAL

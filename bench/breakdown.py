@@ -30,8 +30,8 @@ PIECES = (
     ("terminal write", "checkpoints.runs", "finish"),
     ("admission release", "fencing.admission", "release_slot"),
     ("lease release", "fencing.lease.Lease", "release"),
-    ("work (model + tools)", "tasks.agent.stub.StubModel", "decide"),
-    ("work (model + tools)", "tasks.step", "run_tool"),
+    ("work (model + tools)", "examples.shopping.stub.StubModel", "decide"),
+    ("work (model + tools)", "agents.loop.AgentLoop", "_call"),
 )
 
 
@@ -76,6 +76,7 @@ def instrumented(timers: Timers) -> Iterator[None]:
 
 def measure(runs: int) -> dict[str, Any]:
     """Drive `runs` fenced runs through in-process deliveries; per-step p50/p99 of every piece (ms)."""
+    import examples.shopping  # noqa: F401 - registers the agent the in-process deliveries run
     from bench.plain_app import plain_step  # noqa: F401 - registers the plain task for the comparison
     from tasks import submit_run
     from tasks.app import send_continuation

@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         # Before anything imports the Celery apps: they read the broker URL once.
         os.environ.update({"FENCED_REDIS_URL": stores.redis_url, "FENCED_MAX_QUEUED_RUNS": "1000000",
                            "FENCED_STUB_STEP_MS": "0", "FENCED_STUB_TOOL_MS": "0"})
-        from fenced.demo import quiet_core_logs
-        from fenced.embedded import reload_settings
+        from harness.demo import quiet_core_logs
+        from harness.embedded import reload_settings
 
         reload_settings()
         quiet_core_logs()

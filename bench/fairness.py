@@ -1,6 +1,6 @@
 """Fairness under load: a flood of normal runs with a few large ones, promoter off and on; prints a table.
 
-`python -m bench.fairness` starts real workers (fenced.workers.WorkerProcess), submits the flood as fast
+`python -m bench.fairness` starts real workers (harness.workers.WorkerProcess), submits the flood as fast
 as it can, waits for every run, and measures from the database: submit -> first claim per kind (ledger
 'submitted' and first 'claimed'), the wait of each continuation step (claim of step n+1 minus checkpoint
 B of step n), and whether every large run started before the normal backlog drained (the last normal
@@ -68,8 +68,8 @@ def flood_order(n_normal: int, n_large: int) -> list[str]:
 
 def run_pass(mode: Mode, args: argparse.Namespace, logs: Path, tag: str) -> Measured:
     """Start the workers, flood, wait for every run, measure, stop the workers."""
-    from fenced.workers import WorkerProcess
     from fencing.connection import get_redis
+    from harness.workers import WorkerProcess
     from tasks import queues, submit_run
 
     client = get_redis()
@@ -122,7 +122,7 @@ def measure(mode: Mode, ids: dict[str, str]) -> Measured:
     from checkpoints import ledger
     from checkpoints.db import transaction
     from checkpoints.schema import run_attempts, run_steps
-    from fenced.verdict import check_run
+    from harness.verdict import check_run
 
     m = Measured(mode, runs=len(ids))
     submitted: dict[str, int] = {}
@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     modes = [Mode(None), *(Mode(int(ms)) for ms in args.promote_every_ms.split(",") if ms)]
 
-    from fenced.demo import quiet_core_logs
-    from fenced.embedded import Stores
+    from harness.demo import quiet_core_logs
+    from harness.embedded import Stores
 
     base = Path(tempfile.mkdtemp(prefix="fenced-bench-"))
     with Stores(base) as stores:

@@ -142,7 +142,7 @@ def clear() -> None:
 
 def measure(sizes: tuple[int, ...]) -> dict[str, Any]:
     """Tick costs at every N in `sizes`, and the watchdog's batched renewal over 10/100/1,000 leases."""
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
     from fencing import keys, liveness, reaper, sweeper
     from fencing.connection import get_redis, process_token
     from fencing.lease import Lease, now_ms

@@ -37,7 +37,7 @@ class BenchStores:
         return f"{PG_SERVER}/{self.pg_db}"
 
     def __enter__(self) -> BenchStores:
-        from fenced.embedded import EmbeddedRedis
+        from harness.embedded import EmbeddedRedis
 
         self.redis = EmbeddedRedis(self.base / "redis")
         self.redis_url = self.redis.start().url
@@ -77,7 +77,7 @@ def using(redis_url: str, db_url: str, **extra: str) -> Iterator[dict[str, str]]
 
     The Celery apps read the broker URL once, on import: `redis_url` must be the one set before then."""
     from checkpoints.db import migrate
-    from fenced.embedded import reload_settings
+    from harness.embedded import reload_settings
 
     values = {"FENCED_REDIS_URL": redis_url, "FENCED_DB_URL": db_url, **extra}
     saved = {k: os.environ.get(k) for k in values}

@@ -40,7 +40,7 @@ class Result:
     submit_s: float = 0.0
     latency_ms: list[float] = field(default_factory=list)  # whole run, submit -> done seen by the client
     notes: list[str] = field(default_factory=list)
-    failed_checks: list[str] = field(default_factory=list)  # runs that broke a promise (fenced.verdict)
+    failed_checks: list[str] = field(default_factory=list)  # runs that broke a promise (harness.verdict)
 
     @property
     def runs_per_s(self) -> float:
@@ -86,7 +86,7 @@ def wait_until(done: Callable[[], Any], timeout_s: float, what: str, every_s: fl
 
 @contextmanager
 def celery_workers(p: Params, tag: str, app: str) -> Iterator[None]:
-    from fenced.workers import WorkerProcess
+    from harness.workers import WorkerProcess
 
     workers = [WorkerProcess(f"{tag}{i}", env=p.worker_env, log_path=p.log_dir / f"{tag}{i}.log",
                              concurrency=p.concurrency, app=app) for i in range(1, p.workers + 1)]
@@ -193,7 +193,7 @@ def _wait_done_event(run_id: str, timeout_s: float = 30) -> None:
 
 
 def _verdicts(ids: list[str]) -> list[str]:
-    from fenced.verdict import check_run
+    from harness.verdict import check_run
 
     return [rid for rid in ids if not check_run(rid).ok]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.agent.model import AgentContext
-from tasks.agent.stub import STEPS, StubModel
-from tasks.agent.tools import TOOLS
+from agents.model import AgentContext
+from examples.shopping.stub import STEPS, StubModel
+from examples.shopping.tools import TOOLS
 
 QUERY = "wireless headphones under $100"
 STEPS_PER_RUN = len(STEPS)

@@ -17,11 +17,11 @@ from chaos.report import ScenarioResult
 from checkpoints import billing, runs
 from checkpoints.db import transaction
 from checkpoints.schema import TERMINAL_STATES, run_checkpoints
-from fenced.history import check_healthy, check_history
-from fenced.verdict import check_run
-from fenced.workers import REPO_ROOT
 from fencing import keys
 from fencing.connection import get_redis
+from harness.history import check_healthy, check_history
+from harness.verdict import check_run
+from harness.workers import REPO_ROOT
 
 QUERIES = ("buy headphones", "buy running shoes", "buy a backpack", "buy a desk lamp", "buy a keyboard",
            "buy a blender", "buy an umbrella", "buy a monitor")
@@ -161,9 +161,9 @@ def control_charge(submit: Callable[[str, str], str], timeout_s: float) -> int |
 def judge(result: ScenarioResult, run_ids: list[str], control: int | None, *, check_events: bool = True,
           expect: str = "done", healthy: bool = False, gap_ms: int = 1000) -> None:
     """Judge every run against the four conditions (and the control run's charge). `healthy`: these runs
-    were not disturbed, so they must also meet fenced.history.HEALTHY_CONDITIONS (no takeover or rescue,
+    were not disturbed, so they must also meet harness.history.HEALTHY_CONDITIONS (no takeover or rescue,
     every step handed to the next within `gap_ms`)."""
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     one_call = billing.credits_for(get_settings().stub_tokens, 0, 10**9)
     result.runs += len(run_ids)

@@ -1,7 +1,7 @@
 """The mutation matrix: shows the chaos suite catches broken builds, one named mutation at a time.
 
 Each entry of MUTATIONS is a small edit of one shipped file (exact text, found exactly once, replaced),
-the scenario that must catch it and the named condition(s) it must fail on (fenced.history.CONDITIONS
+the scenario that must catch it and the named condition(s) it must fail on (harness.history.CONDITIONS
 and HEALTHY_CONDITIONS, plus the scenario-level `takeovers`, `bound` and `zombie`). `check_mutation`
 runs that scenario twice, against workers from two copies of the tracked tree: the control (unmutated;
 it must pass) and the mutant (it must fail on one of the named conditions, not on just anything).
@@ -30,7 +30,7 @@ from chaos.harness import (
     ChaosConfig,
 )
 from chaos.report import ScenarioResult
-from fenced.workers import REPO_ROOT
+from harness.workers import REPO_ROOT
 
 Progress = Callable[[str], None]
 
@@ -62,10 +62,10 @@ class Mutation:
 # A fault point before each tool call, named after the tool (`before_ask_user`): the only place a holder
 # can freeze between its tool's start event (fenced by the Redis epoch mirror) and the tool's own write.
 TOOL_PROBE = Edit(
-    "tasks/step.py",
-    '            tool = ToolContext(self.c, call.id, self.step)\n',
-    '            faults.point(f"before_{call.name}", self.run_id)  # mutation probe\n'
-    '            tool = ToolContext(self.c, call.id, self.step)\n',
+    "agents/loop.py",
+    '            tool = self.tools.get(call.name)\n',
+    '            faults.point(f"before_{call.name}", runner.run_id)  # mutation probe\n'
+    '            tool = self.tools.get(call.name)\n',
 )
 
 # A fault point where a delivery lets go of its lease (release or handoff): a slow hand-over, so a
@@ -73,7 +73,7 @@ TOOL_PROBE = Edit(
 LET_GO_PROBE = Edit(
     "tasks/delivery.py",
     "    try:\n        if lease.timed_out:\n            return\n",
-    "    from fenced import faults\n\n    faults.point(\"before_let_go\", lease.run_id)  # mutation probe\n"
+    "    from fencing import faults\n\n    faults.point(\"before_let_go\", lease.run_id)  # mutation probe\n"
     "    try:\n        if lease.timed_out:\n            return\n",
 )
 
@@ -129,7 +129,7 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
         "steady", {"runs": 4, "slow_release_ms": 300}, ("healthy", "handoff_gap"), probes=(LET_GO_PROBE,), ci=True),
     Mutation(
         "no-fast-takeover", "fast takeover off by default (settings.fast_takeover)",
-        (Edit("fenced/settings.py", "fast_takeover: bool = Field(True,", "fast_takeover: bool = Field(False,"),),
+        (Edit("fenced_core/settings.py", "fast_takeover: bool = Field(True,", "fast_takeover: bool = Field(False,"),),
         # A lease twice the bound: only the lease's expiry frees a killed worker's runs.
         "kill-bound", {"rounds": 2, "runs": 4, "bound_ms": 4000}, ("bound",), cfg={"lease_ms": 8000}),
     Mutation(

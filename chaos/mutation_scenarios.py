@@ -116,7 +116,7 @@ def steady(cfg: ChaosConfig, runs: int = 6, slow_release_ms: int = 0, progress: 
 def effect_replay(cfg: ChaosConfig, times: int = 2, progress: Progress = print) -> ScenarioResult:
     """Kill the holder between a cart step's tools and its checkpoint B: the next holder replays the
     add-to-cart effect, which must return the first card and say so in the ledger."""
-    from fenced import faults
+    from fencing import faults
 
     result = ScenarioResult("effect-replay", {"times": times, "lease_ms": cfg.lease_ms})
     with _cluster(cfg) as (cluster, submit):
@@ -152,7 +152,7 @@ def zombie_ask(cfg: ChaosConfig, times: int = 2, progress: Progress = print) -> 
     `before_ask_user`); the new holder replays the step and is held at the same point while the zombie
     is woken, so the zombie's question write comes first, after the newer claim: it must be refused.
     Then a person replies and the run must finish."""
-    from fenced import faults
+    from fencing import faults
     from tasks.control import reply_to_run
 
     result = ScenarioResult("zombie-ask", {"times": times, "lease_ms": cfg.lease_ms})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from fenced.workers import WorkerProcess
+from harness.workers import WorkerProcess
 
 
 class WorkerNode:

@@ -35,9 +35,8 @@ from chaos.nodes import DatabaseNode, RedisNode, WorkerNode
 from chaos.report import ScenarioResult, percentile
 from checkpoints import ledger
 from checkpoints.schema import TERMINAL_STATES
-from fenced import faults
-from fenced.settings import get_settings
-from fencing import keys
+from fenced_core.settings import get_settings
+from fencing import faults, keys
 from fencing.connection import get_redis
 
 # The four kill moments, covered in turn over the rounds. The first two are read from the event

@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection
 
 from checkpoints.db import transaction
 from checkpoints.schema import user_accounts
-from fenced.errors import InsufficientCredits
-from fenced.settings import get_settings
+from fenced_core.errors import InsufficientCredits
+from fenced_core.settings import get_settings
 
 _acc = user_accounts.c
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from checkpoints import accounts, ledger
 from checkpoints.schema import run_checkpoints, run_holds
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 
 _h = run_holds.c
 _r = run_checkpoints.c

@@ -15,7 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from tenacity import RetryCallState, retry, retry_if_exception, wait_random_exponential
 
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 
 _lock = threading.Lock()
 _engines: dict[tuple[int, str], Engine] = {}

@@ -22,8 +22,8 @@ from checkpoints import ledger
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Claim, fenced_update_txn, now_ms
 from checkpoints.schema import TERMINAL_STATES, cart_cards, effects, orders, run_checkpoints
-from fenced.errors import InvalidRequest
-from fenced.settings import get_settings
+from fenced_core.errors import InvalidRequest
+from fenced_core.settings import get_settings
 
 
 def fingerprint(payload: Any) -> str:
@@ -42,10 +42,10 @@ Unusable = Callable[[Connection, dict[str, Any]], str | None]
 
 
 def _fault_point(name: str, run_id: str) -> None:
-    """A named fault point (fenced.faults) for tests and chaos; fenced.faults is on the Redis side, a floor
+    """A named fault point (fencing.faults) for tests and chaos; fencing.faults is on the Redis side, a floor
     up, so it is imported only where FENCED_FAULTS_ENABLED is set."""
     if get_settings().faults_enabled:
-        from fenced import faults
+        from fencing import faults
 
         faults.point(name, run_id)
 
@@ -59,7 +59,6 @@ def perform_once(c: Claim, action: str, payload: Any, create: Create,
     result can no longer be used, the replay runs `create` again (a new operation, ledger
     `effect_renewed`) and the record points at the new result from then on."""
     key = request_key(c.run.run_id, action, payload)
-    _fault_point("before_effect", c.run.run_id)
     return in_txn(_perform_once_txn, c, action, key, create, unusable)
 
 
@@ -174,6 +173,7 @@ def create_cart_card(c: Claim, items: list[dict[str, Any]]) -> Card:
             return f"is card {first['card_id']}, which expired unconfirmed at {row.expires_at_ms} ms"
         return None
 
+    _fault_point("before_effect", c.run.run_id)
     result, reused = perform_once(c, "add_to_cart", decision, create, unusable)
     card = get_card(result["card_id"])
     return Card(**{**card.__dict__, "reused": reused})

@@ -12,7 +12,7 @@ from checkpoints import ledger
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Claim, fenced_update_txn, now_ms
 from checkpoints.schema import run_checkpoints, run_inputs
-from fenced.errors import InvalidRequest
+from fenced_core.errors import InvalidRequest
 
 
 @dataclass(frozen=True)

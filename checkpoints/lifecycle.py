@@ -14,7 +14,7 @@ from checkpoints import billing, ledger
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import now_ms
 from checkpoints.schema import TERMINAL_STATES, dead_letters, run_checkpoints
-from fenced.errors import InvalidRequest, RunNotFound
+from fenced_core.errors import InvalidRequest, RunNotFound
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from checkpoints import billing, codec, ledger
 from checkpoints.db import db_retry, in_txn, transaction
 from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_steps
-from fenced.errors import FencedOut, InvalidRequest
+from fenced_core.errors import FencedOut, InvalidRequest
 
 # Hot-path statements are built once with bind parameters: constructing a SQLAlchemy statement costs
 # about 0.1 ms of CPU each time, and a step runs about ten of them (see docs/benchmarks.md).
@@ -67,6 +67,8 @@ class Run:
     user_id: str
     kind: str
     query: str
+    agent: str  # the program that runs it (an agent or a FencedTask), by name
+    agent_version: str  # its tool set's or steps' version at submit ("" = not checked)
     state: str
     epoch: int
     owner: str | None
@@ -117,7 +119,7 @@ def new_run_id() -> str:
 
 def validate_request(user_id: str, kind: str, query: str) -> None:
     """A submit's input, checked before anything is written; InvalidRequest names the field."""
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     if kind not in ("normal", "large"):
         raise InvalidRequest(f"kind must be 'normal' or 'large', not {kind!r}")
@@ -130,17 +132,20 @@ def validate_request(user_id: str, kind: str, query: str) -> None:
         raise InvalidRequest(f"query is {len(query)} characters; the limit is {limit} (FENCED_MAX_QUERY_CHARS)")
 
 
-def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, actor: str) -> int:
+def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, actor: str,
+                   agent: str = "shopping", agent_version: str = "") -> int:
     """Insert the run row, its billing hold and a ledger entry; returns the credits held."""
     validate_request(user_id, kind, query)
     now = now_ms()
     conn.execute(run_checkpoints.insert().values(
-        run_id=run_id, user_id=user_id, kind=kind, query=query, state="queued", epoch=0, owner=None,
+        run_id=run_id, user_id=user_id, kind=kind, query=query, agent=agent, agent_version=agent_version,
+        state="queued", epoch=0, owner=None,
         step=0, phase="none", checkpoint=None, prompt_tokens=0, completion_tokens=0, model_calls=0,
         last_event_id="", deliveries=0, total_deliveries=0, created_at_ms=now, updated_at_ms=now,
     ))
     credits = billing.create_hold_txn(conn, run_id, user_id, kind, now)
-    ledger.record_txn(conn, run_id, 0, actor, "submitted", f"{kind} run submitted, {credits} credits held")
+    ledger.record_txn(conn, run_id, 0, actor, "submitted", f"{kind} run of {agent} submitted, {credits} credits held",
+                      {"agent": agent, "agent_version": agent_version})
     return credits
 
 

@@ -68,7 +68,11 @@ run_checkpoints = Table(
     Column("run_id", Ident(64), primary_key=True),
     Column("user_id", Ident(128), nullable=False),
     Column("kind", String(16), nullable=False),
-    Column("query", Text, nullable=False),
+    Column("query", Text, nullable=False),  # the run's input: a person's request, or a task's JSON arguments
+    # The program that runs it (an agent or a FencedTask, by name) and the version of its tool set or
+    # steps when it was submitted: a replay refuses a checkpoint the program can no longer honour.
+    Column("agent", String(128), nullable=False, server_default="shopping"),
+    Column("agent_version", String(32), nullable=False, server_default=""),
     Column("state", String(16), nullable=False),
     Column("epoch", Integer, nullable=False),
     Column("owner", String(160)),  # lease token of the current holder; NULL between steps

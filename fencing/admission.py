@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import redis
 import structlog
 
-from fenced.errors import AdmissionRefused
-from fenced.settings import get_settings, safe_url
+from fenced_core.errors import AdmissionRefused
+from fenced_core.settings import get_settings, safe_url
 from fencing import keys
 from fencing.broker import get_broker_redis, shares_redis
 from fencing.connection import get_redis

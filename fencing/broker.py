@@ -7,7 +7,7 @@ import threading
 
 import redis
 
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 from fencing.connection import get_redis
 
 _lock = threading.Lock()

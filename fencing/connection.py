@@ -9,7 +9,7 @@ import uuid
 
 import redis
 
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 
 _lock = threading.RLock()
 CLIENT_NAME_PREFIX = "fenced:"  # CLIENT SETNAME fenced:<process token> on every pooled connection

@@ -8,8 +8,8 @@ from typing import Any
 
 import redis
 
-from fenced.errors import FencedOut
-from fenced.settings import get_settings
+from fenced_core.errors import FencedOut
+from fenced_core.settings import get_settings
 from fencing import keys
 from fencing.connection import get_redis
 from fencing.scripts import scripts_for

@@ -17,7 +17,7 @@ from fencing.scripts import scripts_for
 def register(pipe: redis.client.Pipeline, run_ids: Sequence[str] = (), process: str | None = None) -> None:
     """Record in `pipe` that `process` (default: this one) holds leases, and on which runs (fast
     takeover watches these processes)."""
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     if get_settings().fast_takeover:
         token = process or process_token()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import structlog
 
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 from fencing import keys
 from fencing.connection import CLIENT_NAME_PREFIX, get_redis, process_token
 from fencing.lease import now_ms

@@ -1,7 +1,7 @@
 """Paid model calls, counted where the runtime never writes: by the model (the stub; any test model).
 
 The run row records the calls the runtime checkpointed; this counter records the calls a provider
-would have billed. The history checker (fenced.history) holds one against the other, so a paid call
+would have billed. The history checker (harness.history) holds one against the other, so a paid call
 the runtime lost or made twice cannot hide behind a row that agrees with itself.
 """
 

@@ -13,8 +13,8 @@ import structlog
 
 from checkpoints import billing, inputs, runs
 from checkpoints.db import in_txn
-from fenced.errors import FencedOut
-from fenced.settings import get_settings
+from fenced_core.errors import FencedOut
+from fenced_core.settings import get_settings
 from fencing import admission, events, keys
 from fencing.connection import get_redis, process_token
 from fencing.lease import now_ms

@@ -109,7 +109,7 @@ def _record_timeout(lease: Lease) -> None:
 
     def record() -> None:
         from checkpoints import ledger
-        from fenced.settings import get_settings
+        from fenced_core.settings import get_settings
 
         try:
             ledger.record(lease.run_id, lease.epoch, lease.token, "step_timeout",

@@ -10,7 +10,7 @@ from celery import Celery, Task, signals
 from celery.concurrency import asynpool
 from celery.worker.request import Request
 
-from fenced.log import configure as configure_logging
+from fenced_core.log import configure as configure_logging
 from tasks import queues
 
 configure_logging()
@@ -25,7 +25,7 @@ class RunRequest(Request):
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-        from fenced.settings import get_settings
+        from fenced_core.settings import get_settings
 
         # billiard hands the parent an ExceptionWithTraceback that wraps the WorkerLostError (in .exc)
         lost = getattr(exc_info.exception, "exc", exc_info.exception)
@@ -92,7 +92,7 @@ def _name_the_node(sender: str = "", **_: Any) -> None:
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     from checkpoints.db import migrate
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     s = get_settings()
     migrate()
@@ -112,7 +112,7 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
     import os
     import threading
 
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     drain_s = get_settings().drain_s
 

@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 from celery import bootsteps
 
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 
 log = structlog.get_logger("tasks.bootsteps")
 

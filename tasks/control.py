@@ -6,7 +6,7 @@ import structlog
 
 from checkpoints import inputs, lifecycle, runs
 from checkpoints.lifecycle import Cancelled
-from fenced.errors import FencedOut, InvalidRequest, RunNotFound
+from fenced_core.errors import FencedOut, InvalidRequest, RunNotFound
 from fencing import admission, events, keys
 from fencing.connection import get_redis
 from fencing.epoch import raise_epoch

@@ -8,8 +8,8 @@ import structlog
 
 from checkpoints import ledger, runs
 from checkpoints.db import is_transient_db_error
-from fenced.errors import FencedOut, LeaseLost
-from fenced.settings import get_settings
+from fenced_core.errors import FencedOut, LeaseLost
+from fenced_core.settings import get_settings
 from fencing import admission, events, keys
 from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
@@ -72,7 +72,7 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
                         {"worker": lease.token, "phase": claim.run.phase, "previous_owner": claim.run.owner})
             outcome = "dead"
             return outcome
-        result = StepRunner(claim, lease).run()
+        result = StepRunner(claim, lease).run_step()
         handoff = result.next_step
         outcome = result.state
         blog.info("delivery_done", outcome=outcome)

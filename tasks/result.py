@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from checkpoints import runs
-from fenced.errors import RunNotFound
+from fenced_core.errors import RunNotFound
 
 ENDED = ("done", "failed", "cancelled", "dead")
 

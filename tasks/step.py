@@ -1,6 +1,10 @@
-"""One step of a claimed run: model call -> checkpoint A -> tools -> checkpoint B (or the terminal write).
+"""The step runner: one step of a claimed run, whatever program runs it, and every way a step ends.
 
-Resuming from checkpoint A replays the recorded decision (no model call); from B, the next model call.
+A program (an agent's loop, a FencedTask's steps, an adapter) does the work through the runner:
+`emit` appends events fenced by the epoch mirror, `boundary` stops a holder that lost its lease,
+`with_retries` classifies and retries failures, `write_decided`/`step_done`/`finish` are the fenced
+checkpoint and terminal writes. Failures the program raises end here: a StepError fails the run, a
+FixableError or WaitForInput parks it, exhausted retries dead-letter it.
 """
 
 from __future__ import annotations
@@ -15,8 +19,7 @@ import structlog
 from checkpoints import inputs, runs
 from checkpoints.db import is_transient_db_error
 from checkpoints.runs import Claim, Usage
-from fenced import faults
-from fenced.errors import (
+from fenced_core.errors import (
     FencedOut,
     FixableError,
     LeaseLost,
@@ -25,14 +28,12 @@ from fenced.errors import (
     TransientError,
     WaitForInput,
 )
-from fenced.settings import get_settings
-from fencing import admission, events, keys
+from fenced_core.settings import get_settings
+from fencing import admission, events, faults, keys
 from fencing.connection import get_redis
 from fencing.lease import Lease, now_ms
 from fencing.watchdog import get_watchdog
-from tasks.agent import get_model
-from tasks.agent.model import AgentContext, Decision, Model
-from tasks.agent.tools import ToolContext, run_tool
+from tasks import context, programs
 
 log = structlog.get_logger("tasks.step")
 
@@ -54,26 +55,27 @@ class RetriesExhausted(Exception):
 class StepRunner:
     """Runs the claimed step of one run; every durable write is fenced by the claim's epoch."""
 
-    def __init__(self, claim: Claim, lease: Lease, model: Model | None = None) -> None:
+    def __init__(self, claim: Claim, lease: Lease) -> None:
         self.c = claim
         self.lease = lease
-        self.model = model or get_model()
         self.settings = get_settings()
         run = claim.run
+        self.run = run
         self.run_id = run.run_id
         self.step = run.step
         self.usage = Usage(run.prompt_tokens, run.completion_tokens, run.model_calls)
+        # The finished steps as the program recorded them (the checkpoint's "history").
         self.history: list[dict[str, Any]] = list(run.checkpoint.get("history", []))
-        # Set once the run has waited on a person: only then can a reply be in the model's context, so
-        # only then is run_inputs read (no extra round trip on the hot path of other runs).
+        # Set once the run has waited on a person: only then can a reply be in the program's context,
+        # so only then is run_inputs read (no extra round trip on the hot path of other runs).
         self.waited = bool(run.checkpoint.get("waited"))
-        self.decision: Decision | None = None
+        self.decision: dict[str, Any] | None = run.checkpoint.get("decision") if run.phase == "decided" else None
         self.last_event_id = run.last_event_id
         # The Redis mirror of the epoch fences event appends; it is raised with this claim's first one.
         self.mirror_raised = False
         self.log = log.bind(run_id=self.run_id, epoch=claim.epoch, step=self.step)
 
-    # -- boundaries and events -------------------------------------------------------------------
+    # -- what a program uses -----------------------------------------------------------------------
     def boundary(self) -> None:
         """Stop here if the watchdog lost the lease (the database would refuse us anyway)."""
         if self.lease.lost:
@@ -85,91 +87,18 @@ class StepRunner:
                                            raise_mirror=not self.mirror_raised)
         self.mirror_raised = True
 
-    # -- the step --------------------------------------------------------------------------------
-    def run(self) -> Outcome:
-        run = self.c.run
-        if self.c.takeover:
-            self.emit(f"resume:{self.c.epoch}", "task_resumed", {
-                "last_event_id": run.last_event_id, "previous_owner": self.c.previous_owner,
-                "phase": run.phase, "step": self.step, "epoch": self.c.epoch,
-            })
-            if run.phase != "decided":
-                self._note_a_lost_model_call()
-        try:
-            decision = self._decide(run)
-            results = self._run_tools(decision)
-        except RetriesExhausted as exc:
-            return self._dead(str(exc))
-        except FixableError as exc:
-            return self._park(str(exc), f"fix:{self.step}:{self.c.epoch}", "fixable")
-        except WaitForInput as wait:
-            return self._park(wait.question, wait.tool_call_id, "ask_user")
-        except StepError as exc:
-            return self._fail(exc)
-        faults.point("after_tools", self.run_id)
-        self.boundary()
-        self.history.append({"step": self.step, "name": decision.name, "text": decision.text,
-                             "tool_calls": [c.__dict__ for c in decision.tool_calls], "results": results})
-        if decision.final:
-            return self._finish(decision)
-        self.emit(f"s{self.step}:done", "step_done", {"name": decision.name})
-        runs.write_step_done(self.c, self.step, self._checkpoint(), self.usage, self.last_event_id)
-        self.log.info("step_done")
-        return Outcome("continue", next_step=self.step + 1)
+    def replies(self) -> list[dict[str, Any]]:
+        """A person's answers so far (question, reply), once the run has waited on one."""
+        if not self.waited:
+            return []
+        return [{"question": i.question, "reply": i.reply} for i in inputs.for_run(self.run_id) if i.reply]
 
-    def _note_a_lost_model_call(self) -> None:
-        """A takeover before checkpoint A: if the old holder's model call for this step had answered (its
-        decision event is in the stream), that call was paid and lost; say whose cost it is."""
-        lost = [e for e in events.read(self.run_id)
-                if e.eid == f"s{self.step}:decision" and e.epoch < self.c.epoch]
-        if lost:
-            runs.record_fenced(self.c, "model_call_lost",
-                               f"the model call of step {self.step} by epoch {lost[-1].epoch} answered but was never "
-                               "checkpointed (its holder was lost before checkpoint A): that call is the "
-                               "platform's cost; the user is billed only for the calls checkpoint A records",
-                               {"lost_epoch": lost[-1].epoch, "step": self.step})
+    def add_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Count one paid model call; recorded by the next checkpoint."""
+        self.usage = Usage(self.usage.prompt_tokens + prompt_tokens,
+                           self.usage.completion_tokens + completion_tokens, self.usage.model_calls + 1)
 
-    def _decide(self, run: runs.Run) -> Decision:
-        if run.phase == "decided":
-            decision = self.decision = Decision.from_dict(run.checkpoint["decision"])
-            self.log.info("replaying", decision=decision.name, tool_calls=len(decision.tool_calls))
-            return decision
-        self.log.info("running", phase=run.phase)
-        self.emit(f"s{self.step}:start", "step_started", {})
-        self.boundary()
-        replies = [{"question": i.question, "reply": i.reply}
-                   for i in (inputs.for_run(self.run_id) if self.waited else []) if i.reply]
-        ctx = AgentContext(self.run_id, run.query, run.kind, self.step, self.history, replies, self.c.epoch)
-        decision = self._with_retries("model", lambda: self.model.decide(ctx))
-        faults.point("after_model_call", self.run_id)
-        self.usage = Usage(self.usage.prompt_tokens + decision.prompt_tokens,
-                           self.usage.completion_tokens + decision.completion_tokens, self.usage.model_calls + 1)
-        self.emit(f"s{self.step}:decision", "model_decision", {
-            "name": decision.name, "text": decision.text,
-            "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in decision.tool_calls],
-        })
-        self.boundary()
-        # After the boundary: a holder frozen here and woken after a takeover meets the database fence
-        # with its very next action (the chaos zombie's self-stop round relies on that).
-        faults.point("before_checkpoint_a", self.run_id)
-        self.decision = decision
-        runs.write_decided(self.c, self.step, self._checkpoint(decision=decision.to_dict()), self.usage,
-                           self.last_event_id)
-        return decision
-
-    def _run_tools(self, decision: Decision) -> dict[str, Any]:
-        results: dict[str, Any] = {}
-        for call in decision.tool_calls:
-            self.boundary()
-            self.emit(f"tool:{call.id}:start", "tool_started", {"id": call.id, "name": call.name, "args": call.args})
-            tool = ToolContext(self.c, call.id, self.step)
-            results[call.id] = self._with_retries(f"tool {call.name}",
-                                                  lambda c=call, t=tool: run_tool(t, c.name, c.args))
-            self.emit(f"tool:{call.id}:result", "tool_result", {"id": call.id, "name": call.name,
-                                                                 "result": results[call.id]})
-        return results
-
-    def _with_retries(self, what: str, fn: Any) -> Any:
+    def with_retries(self, what: str, fn: Any) -> Any:
         """Retry transient failures with min(base * 2^n, cap) + jitter, within the step's budget.
 
         A StepError keeps its class; a database outage counts as transient; any other exception from
@@ -197,20 +126,75 @@ class StepRunner:
             self.boundary()
         raise AssertionError("unreachable")
 
-    # -- endings ---------------------------------------------------------------------------------
-    def _finish(self, decision: Decision) -> Outcome:
-        charge = runs.finish(self.c, "done", self._checkpoint(), self.usage, self.last_event_id,
-                             answer=decision.answer)
+    def write_decided(self, decision: dict[str, Any]) -> None:
+        """Checkpoint A: the step's paid decision and its usage; a resume replays it, never pays again."""
+        faults.point("before_checkpoint_a", self.run_id)
+        self.decision = decision
+        runs.write_decided(self.c, self.step, self.checkpoint(decision=decision), self.usage, self.last_event_id)
+
+    def step_done(self, record: dict[str, Any], name: str) -> Outcome:
+        """Checkpoint B: `record` joins the history, the run moves to the next step and is handed over."""
+        faults.point("after_tools", self.run_id)
+        self.boundary()
+        self.history.append(record)
+        self.emit(f"s{self.step}:done", "step_done", {"name": name})
+        runs.write_step_done(self.c, self.step, self.checkpoint(), self.usage, self.last_event_id)
+        self.log.info("step_done")
+        return Outcome("continue", next_step=self.step + 1)
+
+    def finish(self, record: dict[str, Any] | None, answer: str) -> Outcome:
+        """The run is done: its last record, its answer, settlement and the final event."""
+        faults.point("after_tools", self.run_id)
+        self.boundary()
+        if record is not None:
+            self.history.append(record)
+        charge = runs.finish(self.c, "done", self.checkpoint(), self.usage, self.last_event_id, answer=answer)
         admission.release_slot(self.c.run.user_id, self.run_id)
-        self.emit(*FINAL_EVENTS["done"], {"answer": decision.answer, "credits_charged": charge})
+        self.emit(*FINAL_EVENTS["done"], {"answer": answer, "credits_charged": charge})
         self.log.info("run_done", credits=charge)
         faults.point("after_terminal_write", self.run_id)
         return Outcome("done")
 
-    def _checkpoint(self, **extra: Any) -> dict[str, Any]:
+    def checkpoint(self, **extra: Any) -> dict[str, Any]:
         """The checkpoint body every write stores: the finished steps, and whether the run ever waited."""
         return {"history": self.history, **({"waited": True} if self.waited else {}), **extra}
 
+    # -- the step ----------------------------------------------------------------------------------
+    def run_step(self) -> Outcome:
+        run = self.c.run
+        if self.c.takeover:
+            self.emit(f"resume:{self.c.epoch}", "task_resumed", {
+                "last_event_id": run.last_event_id, "previous_owner": self.c.previous_owner,
+                "phase": run.phase, "step": self.step, "epoch": self.c.epoch,
+            })
+            if run.phase != "decided":
+                self._note_a_lost_model_call()
+        try:
+            program = programs.get(run.agent)
+            with context.running(context.RunContext(self.c, self.step)):
+                return program.run_step(self)
+        except RetriesExhausted as exc:
+            return self._dead(str(exc))
+        except FixableError as exc:
+            return self._park(str(exc), f"fix:{self.step}:{self.c.epoch}", "fixable")
+        except WaitForInput as wait:
+            return self._park(wait.question, wait.tool_call_id, "ask_user")
+        except StepError as exc:
+            return self._fail(exc)
+
+    def _note_a_lost_model_call(self) -> None:
+        """A takeover before checkpoint A: if the old holder's model call for this step had answered (its
+        decision event is in the stream), that call was paid and lost; say whose cost it is."""
+        lost = [e for e in events.read(self.run_id)
+                if e.eid == f"s{self.step}:decision" and e.epoch < self.c.epoch]
+        if lost:
+            runs.record_fenced(self.c, "model_call_lost",
+                               f"the model call of step {self.step} by epoch {lost[-1].epoch} answered but was never "
+                               "checkpointed (its holder was lost before checkpoint A): that call is the "
+                               "platform's cost; the user is billed only for the calls checkpoint A records",
+                               {"lost_epoch": lost[-1].epoch, "step": self.step})
+
+    # -- endings -----------------------------------------------------------------------------------
     def _park(self, question: str, input_id: str, kind: str) -> Outcome:
         """Wait for a person: the question is recorded (once), the lease let go, then the run parks.
 
@@ -221,10 +205,10 @@ class StepRunner:
         if kind == "fixable":
             inputs.ask(self.c, input_id, self.step, question, kind="fixable")
         self.waited = True
-        decided = {"decision": self.decision.to_dict()} if self.decision else {}  # a replay needs it
+        decided = {"decision": self.decision} if self.decision else {}  # a replay needs it
         get_watchdog(self.settings.heartbeat_ms).untrack(self.lease)
         self.lease.release(None, watch_until_ms=now_ms() + self.lease.ttl_ms)
-        runs.park(self.c, question, self._checkpoint(**decided), self.usage, self.last_event_id)
+        runs.park(self.c, question, self.checkpoint(**decided), self.usage, self.last_event_id)
         self.lease.unwatch()
         try:
             self.emit(f"wait:{input_id}", "run_waiting", {"question": question, "input_id": input_id, "kind": kind})
@@ -235,7 +219,7 @@ class StepRunner:
 
     def _fail(self, exc: StepError) -> Outcome:
         error_class = exc.failure_class
-        charge = runs.finish(self.c, "failed", self._checkpoint(), self.usage, self.last_event_id,
+        charge = runs.finish(self.c, "failed", self.checkpoint(), self.usage, self.last_event_id,
                              error_class=error_class, error=str(exc))
         admission.release_slot(self.c.run.user_id, self.run_id)
         self.emit(*FINAL_EVENTS["failed"], {"error_class": error_class, "error": str(exc),

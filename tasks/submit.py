@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 
 from checkpoints import billing, runs
 from checkpoints.db import in_txn, is_missing_schema, transaction
-from fenced.errors import FencedOut, InvalidRequest
+from fenced_core.errors import FencedOut, InvalidRequest
 from fencing import admission, events
 from tasks import queues
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import examples.shopping  # noqa: F401  (registers the demo agent: tests deliver runs in this process too)
+
 ROOT = Path(__file__).resolve().parents[1]
 MYSQL_URL = os.environ.get("FENCED_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/fenced_test")
 REDIS_URL = os.environ.get("FENCED_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -55,7 +57,7 @@ def services() -> None:
 def use_db(url: str) -> None:
     """Point this process at `url` and bring its schema to head."""
     from checkpoints.db import dispose_all, migrate
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     os.environ["FENCED_DB_URL"] = url
     get_settings.cache_clear()
@@ -75,7 +77,7 @@ def wipe_tables() -> None:
 @pytest.fixture
 def settings_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     """Set FENCED_* settings in this process for one test: settings_env(max_runs_per_user=2, ...)."""
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     def set_(**values: object) -> None:
         for name, value in values.items():

@@ -11,7 +11,7 @@ from checkpoints import accounts, billing, ledger, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import run_checkpoints, run_holds, user_accounts
-from fenced.errors import InsufficientCredits
+from fenced_core.errors import InsufficientCredits
 
 
 def new_run(user: str = "u1", kind: str = "normal") -> str:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from checkpoints import accounts, ledger, runs
 from checkpoints.db import transaction
 from checkpoints.schema import run_checkpoints, run_holds, user_accounts
-from fenced.errors import AdmissionRefused, InsufficientCredits
+from fenced_core.errors import AdmissionRefused, InsufficientCredits
 from fencing import admission, keys
 from fencing.connection import get_redis
 from fencing.fairness import promote_large, run_id_of
@@ -136,7 +136,7 @@ def test_insufficient_credits_write_nothing_and_give_the_slot_back(store, redis_
 
 
 def test_submit_releases_the_slot_on_bad_input(mysql_store, redis_client):
-    from fenced.errors import InvalidRequest
+    from fenced_core.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest):
         submit_run("u1", "q", kind="huge")

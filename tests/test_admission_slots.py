@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from checkpoints import inputs, lifecycle, occupancy, runs
-from fenced.errors import AdmissionRefused
+from fenced_core.errors import AdmissionRefused
 from fencing import admission, keys
 from fencing.lease import now_ms
 from fencing.sweeper import sweep

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from fenced.workers import REPO_ROOT
+from harness.workers import REPO_ROOT
 
 
 @pytest.mark.timeout(600)

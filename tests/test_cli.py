@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def _point_at(db_url: str) -> None:
-    from fenced.embedded import reload_settings
+    from harness.embedded import reload_settings
 
     os.environ["FENCED_DB_URL"] = db_url
     reload_settings()

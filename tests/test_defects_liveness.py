@@ -13,9 +13,8 @@ import pytest
 from checkpoints import inputs, ledger, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
-from fenced import faults
-from fenced.errors import FencedOut, InvalidRequest
-from fencing import epoch, events, keys, liveness, reaper
+from fenced_core.errors import FencedOut, InvalidRequest
+from fencing import epoch, events, faults, keys, liveness, reaper
 from fencing.lease import Lease
 from tasks import submit_run
 from tests.workers_fixture import wait_for, wait_terminal
@@ -138,7 +137,7 @@ def test_a_rescue_no_delivery_answers_is_sent_again(redis_client):
 # -- 6. park lets go of the lease before `waiting` commits ------------------------------------------
 class _AskModel:
     def decide(self, ctx: Any) -> Any:
-        from tasks.agent.model import Decision, ToolCall
+        from agents.model import Decision, ToolCall
 
         if ctx.step == 0 and not ctx.replies:
             return Decision("ask", "asking", [ToolCall("call-ask", "ask_user", {"question": "Size?"})],
@@ -150,7 +149,7 @@ def test_a_reply_landing_right_after_the_park_is_not_dropped(store, monkeypatch)
     """Defect 6: park committed `waiting` while the lease was held; a reply and its wake-up in that
     window were dropped as duplicates. The lease must be free when `waiting` commits, and run_waiting
     comes after the commit."""
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
     from fencing.connection import get_redis
     from tasks.delivery import deliver
     from tasks.step import StepRunner

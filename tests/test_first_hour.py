@@ -189,8 +189,8 @@ def test_fenced_flower_serves_its_api_on_localhost_and_refuses_to_expose_itself_
 
 def test_the_stubs_test_markers_are_dead_outside_tests_and_chaos(settings_env):
     """A deployed stub (no FENCED_FAULTS_ENABLED) treats "[poison]" as text, not as an order to die."""
-    from tasks.agent.model import AgentContext
-    from tasks.agent.stub import StubModel
+    from agents.model import AgentContext
+    from examples.shopping.stub import StubModel
 
     settings_env(faults_enabled=0, stub_step_ms=0, stub_count_paid=0)
     history = [{"step": 0, "tool_calls": [{"id": "c0", "name": "item_search"}],
@@ -202,7 +202,7 @@ def test_the_stubs_test_markers_are_dead_outside_tests_and_chaos(settings_env):
 
 def test_a_query_over_the_limit_is_refused_and_the_cli_reads_stdin(tmp_path, redis_client, mysql_store):
     from checkpoints import runs
-    from fenced.errors import InvalidRequest
+    from fenced_core.errors import InvalidRequest
     from tasks import submit_run
 
     with pytest.raises(InvalidRequest, match="FENCED_MAX_QUERY_CHARS"):
@@ -311,7 +311,7 @@ def test_a_lost_model_call_and_the_rescued_epoch_are_in_the_ledger(workers):
     import signal
 
     from checkpoints import ledger
-    from fenced import faults
+    from fencing import faults
     from tasks import submit_run, wait
 
     workers.start("a", FENCED_FAST_TAKEOVER="0")

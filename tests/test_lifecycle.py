@@ -13,12 +13,11 @@ import sqlalchemy as sa
 from checkpoints import effects, inputs, ledger, lifecycle, runs
 from checkpoints.db import transaction
 from checkpoints.schema import orders
-from fenced import faults
-from fenced.errors import InvalidRequest
-from fenced.history import check_history
-from fenced.verdict import check_run
-from fencing import events, keys
+from fenced_core.errors import InvalidRequest
+from fencing import events, faults, keys
 from fencing.connection import get_redis
+from harness.history import check_history
+from harness.verdict import check_run
 from tasks import submit_run
 from tasks.control import cancel_run, replay_dead_letter, reply_to_run
 from tests.conftest import ROOT

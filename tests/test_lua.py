@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fenced.errors import FencedOut
+from fenced_core.errors import FencedOut
 from fencing import epoch, events, keys
 from fencing.lease import Lease, handoff_value, now_ms
 from fencing.scripts import scripts_for
@@ -184,7 +184,7 @@ def test_presumed_dead_process_is_found_from_its_own_lease_set(redis_client, mon
     from fencing.connection import process_token
 
     monkeypatch.setenv("FENCED_FAST_TAKEOVER", "1")
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     get_settings.cache_clear()
     try:

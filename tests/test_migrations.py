@@ -19,7 +19,7 @@ from checkpoints import accounts, effects, ledger, runs
 from checkpoints.db import dispose_all, get_engine, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import metadata, orders
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 from tests.conftest import MYSQL_URL, use_db
 
 
@@ -145,4 +145,4 @@ def test_downgrade_to_0002_and_back(empty_db):
         conn.commit()
     upgrade(url, "head")
     with transaction(readonly=True) as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0003"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0004"

@@ -14,11 +14,12 @@ from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Claim, Usage
 from checkpoints.schema import cart_cards, dead_letters, orders, run_holds, user_accounts
 from checkpoints.schema import effects as effects_table
-from fenced.errors import AdmissionRefused, FixableError, InsufficientCredits, InvalidRequest
+from examples.shopping import catalog
+from examples.shopping.tools import TOOLS
+from fenced_core.errors import AdmissionRefused, FixableError, InsufficientCredits, InvalidRequest
 from fencing import admission, keys
 from fencing.connection import get_redis
-from tasks.agent import catalog
-from tasks.agent.tools import TOOLS, ToolContext
+from tasks import context
 from tasks.control import replay_dead_letter
 from tasks.submit import ADMISSION_QUEUES
 
@@ -38,7 +39,8 @@ def claim(run_id: str, token: str) -> Claim:
 
 
 def add_to_cart(c: Claim, args: dict[str, Any], call_id: str = "call-1") -> dict[str, Any]:
-    return TOOLS["add_to_cart"].fn(ToolContext(c, call_id, c.run.step), args)
+    with context.running(context.RunContext(c, c.run.step, call_id)):
+        return TOOLS["add_to_cart"].fn(args)
 
 
 def count(table: sa.Table) -> int:

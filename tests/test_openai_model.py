@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from fenced.errors import TerminalError, TransientError
-from fenced.settings import get_settings
-from tasks.agent.model import AgentContext
+from agents.model import AgentContext
+from fenced_core.errors import TerminalError, TransientError
+from fenced_core.settings import get_settings
 
 REPLIES: list[tuple[int, dict]] = []
 SEEN: list[dict] = []
@@ -39,7 +39,7 @@ def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     monkeypatch.setenv("FENCED_MODEL", "openai")
     monkeypatch.setenv("FENCED_OPENAI_BASE_URL", f"http://127.0.0.1:{server.server_port}/v1")
     get_settings.cache_clear()
-    from tasks.agent import get_model
+    from examples.shopping import get_model
 
     REPLIES.clear()
     SEEN.clear()

@@ -10,10 +10,9 @@ import pytest
 
 from checkpoints import ledger, runs
 from checkpoints.db import in_txn
-from fenced import faults
-from fenced.verdict import check_run
-from fencing import events, keys
+from fencing import events, faults, keys
 from fencing.connection import get_redis
+from harness.verdict import check_run
 from tasks import submit_run
 from tests.workers_fixture import wait_for, wait_terminal
 

@@ -9,7 +9,7 @@ from checkpoints import billing, effects, ledger, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import cart_cards, run_holds
-from fenced.errors import FencedOut, InvalidRequest
+from fenced_core.errors import FencedOut, InvalidRequest
 
 
 def new_run(kind: str = "normal", query: str = "buy headphones") -> runs.Run:
@@ -183,7 +183,7 @@ def test_a_holder_frozen_inside_a_transaction_does_not_block_the_takeover(mysql_
     import time
 
     from checkpoints.db import _make_engine, dispose_all
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     monkeypatch.setenv("FENCED_DB_IDLE_TXN_TIMEOUT_S", "2")
     get_settings.cache_clear()

@@ -14,8 +14,8 @@ from chaos.harness import wait_for as poll
 from checkpoints import runs
 from checkpoints.db import transaction
 from checkpoints.schema import run_checkpoints
-from fenced.history import check_history
-from fenced.workers import WorkerProcess
+from harness.history import check_history
+from harness.workers import WorkerProcess
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:

@@ -75,7 +75,7 @@ def upgrade() -> None:
 
 
 def _backfill(bind: sa.engine.Connection) -> None:
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
 
     settings = get_settings()
     now = int(time.time() * 1000)

@@ -80,7 +80,7 @@ def check_history(run_ids: Iterable[str], start_balance: int | None = None) -> l
     if not ids:
         return []
     if start_balance is None:
-        from fenced.settings import get_settings
+        from fenced_core.settings import get_settings
 
         start_balance = get_settings().default_balance_credits
     out: list[Violation] = []

@@ -14,7 +14,7 @@ import time
 
 import structlog
 
-from fenced.settings import get_settings
+from fenced_core.settings import get_settings
 from fencing import keys
 from fencing.connection import get_redis
 from fencing.scripts import scripts_for
@@ -27,7 +27,7 @@ POINTS = (
     "before_effect",  # a holder is about to perform an effect (add-to-cart): its fenced transaction is next
     "in_confirm",  # a confirm inserted its order; the card update and the commit are next (run_id: the card's)
 )
-log = structlog.get_logger("fenced.faults")
+log = structlog.get_logger("fencing.faults")
 
 
 def point(name: str, run_id: str) -> None:

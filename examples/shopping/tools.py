@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from checkpoints import inputs
+from agents.loop import Tool
 from checkpoints.effects import MAX_QTY, create_cart_card
-from checkpoints.runs import Claim
-from fenced.errors import FixableError, TerminalError, WaitForInput
-from fenced.settings import get_settings
-from tasks.agent import catalog
+from examples.shopping import catalog
+from fenced_core.errors import FixableError, TerminalError
+from tasks import context
 
 
-@dataclass(frozen=True)
-class ToolContext:
-    """What a tool may use: the holder's claim (for fenced effects), its call id and the step."""
-
-    claim: Claim
-    call_id: str
-    step: int
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    fn: Callable[[ToolContext, dict[str, Any]], Any]
-    read_only: bool
-
-
-def _item_search(_t: ToolContext, args: dict[str, Any]) -> Any:
+def _item_search(args: dict[str, Any]) -> Any:
     return catalog.search(str(args.get("query", "")), int(args.get("limit", 5)))
 
 
-def _compare(_t: ToolContext, args: dict[str, Any]) -> Any:
+def _compare(args: dict[str, Any]) -> Any:
     ids = list(args.get("item_ids", []))
     missing = [i for i in ids if i not in catalog.BY_ID]
     if missing:
@@ -46,11 +26,11 @@ def _compare(_t: ToolContext, args: dict[str, Any]) -> Any:
     return {"ranked": [i["id"] for i in ranked], "best": ranked[0] if ranked else None}
 
 
-def _add_to_cart(t: ToolContext, args: dict[str, Any]) -> Any:
+def _add_to_cart(args: dict[str, Any]) -> Any:
     # The card is keyed by the decision (ids and quantities); name and price are looked up now and
     # fixed on the card when it is first created.
     items = [{**catalog.BY_ID[item_id], "qty": qty} for item_id, qty in cart_request(args)]
-    card = create_cart_card(t.claim, items)
+    card = create_cart_card(context.current().claim, items)
     return {"card_id": card.card_id, "total_cents": card.total_cents, "reused": card.reused}
 
 
@@ -88,13 +68,10 @@ def cart_request(args: dict[str, Any]) -> list[tuple[str, int]]:
     return sorted(qty_by_id.items())
 
 
-def _ask_user(t: ToolContext, args: dict[str, Any]) -> Any:
+def _ask_user(args: dict[str, Any]) -> Any:
     """Ask the person; the first time the run parks, on replay the stored reply is the result."""
     question = str(args.get("question", "")).strip() or "Could you tell me more?"
-    answer = inputs.ask(t.claim, t.call_id, t.step, question)
-    if answer is None:
-        raise WaitForInput(question, t.call_id)
-    return {"reply": answer}
+    return {"reply": context.ask_user(question)}
 
 
 TOOLS: dict[str, Tool] = {
@@ -107,12 +84,3 @@ TOOLS: dict[str, Tool] = {
     )
 }
 
-
-def run_tool(ctx: ToolContext, name: str, args: dict[str, Any]) -> Any:
-    tool = TOOLS.get(name)
-    if tool is None:
-        raise TerminalError(f"the model asked for an unknown tool {name!r}")
-    delay_ms = get_settings().stub_tool_ms
-    if delay_ms:
-        time.sleep(delay_ms / 1000)  # the demo's tools answer at once; real ones take time
-    return tool.fn(ctx, args)

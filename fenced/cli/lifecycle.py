@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fenced.cli import JsonOpt, RunArg, _clock, app, emit_json, fail, out, resolve_run
+from fenced.cli.common import JsonOpt, RunArg, _clock, app, emit_json, fail, out, resolve_run
 
 dlq = typer.Typer(help="Dead-lettered runs: list, show, replay.", no_args_is_help=True)
 app.add_typer(dlq, name="dlq")
@@ -41,7 +41,7 @@ def confirm(card_id: Annotated[str, typer.Argument(help="A card id (card_...).")
             as_json: JsonOpt = False) -> None:
     """Confirm a card: places one order (a second confirm prints the same order number)."""
     from checkpoints.effects import confirm_card
-    from fenced.errors import InvalidRequest
+    from fenced_core.errors import InvalidRequest
 
     try:
         order = confirm_card(card_id, user)
@@ -57,7 +57,7 @@ def confirm(card_id: Annotated[str, typer.Argument(help="A card id (card_...).")
 def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer.")],
           user: OwnerOpt = None, as_json: JsonOpt = False) -> None:
     """Answer the question a waiting run asked; the run is queued and woken."""
-    from fenced.errors import InvalidRequest
+    from fenced_core.errors import InvalidRequest
     from tasks.control import reply_to_run
 
     run = resolve_run(run_id)
@@ -74,7 +74,7 @@ def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer."
 @app.command()
 def cancel(run_id: RunArg, user: OwnerOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel a run: it ends `cancelled`, what was used is settled, nothing of it lands afterwards."""
-    from fenced.errors import InvalidRequest
+    from fenced_core.errors import InvalidRequest
     from tasks.control import cancel_run
 
     run = resolve_run(run_id)
@@ -112,7 +112,7 @@ def dlq_list(as_json: JsonOpt = False, limit: Annotated[int, typer.Option(min=1)
 def dlq_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """A dead letter: its reason, every attempt with its error, the last worker's observations."""
     from checkpoints.lifecycle import dead_letter
-    from fenced.errors import InvalidRequest
+    from fenced_core.errors import InvalidRequest
 
     run = resolve_run(run_id)
     try:
@@ -137,7 +137,7 @@ def dlq_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
 @dlq.command("replay")
 def dlq_replay(run_id: RunArg, user: UserOpt = "cli") -> None:
     """Replay a dead run from its last checkpoint with a fresh delivery budget."""
-    from fenced.errors import AdmissionRefused, InvalidRequest
+    from fenced_core.errors import AdmissionRefused, InvalidRequest
     from tasks.control import replay_dead_letter
 
     run = resolve_run(run_id)

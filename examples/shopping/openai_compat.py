@@ -7,10 +7,10 @@ from typing import Any
 
 import httpx
 
-from fenced.errors import TerminalError, TransientError
-from fenced.settings import get_settings
-from tasks.agent.model import AgentContext, Decision, ToolCall
-from tasks.agent.stub import STEPS
+from agents.model import AgentContext, Decision, ToolCall
+from examples.shopping.stub import STEPS
+from fenced_core.errors import TerminalError, TransientError
+from fenced_core.settings import get_settings
 
 _TOOLS = [
     {"type": "function", "function": {"name": "item_search", "description": "Search the catalog",

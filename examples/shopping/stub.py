@@ -17,10 +17,10 @@ import time
 import uuid
 from typing import Any
 
-from fenced.errors import TerminalError, TransientError
-from fenced.settings import get_settings
+from agents.model import AgentContext, Decision, ToolCall
+from fenced_core.errors import TerminalError, TransientError
+from fenced_core.settings import get_settings
 from fencing.metering import count_paid_call
-from tasks.agent.model import AgentContext, Decision, ToolCall
 
 STEPS = ("planner", "item_search", "compare", "shopping_summary")
 _CART_WORDS = ("buy", "cart", "order", "purchase")

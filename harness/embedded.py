@@ -17,7 +17,7 @@ STATE_DIR = ".fenced"  # under the current directory; .gitignore'd
 def reload_settings() -> None:
     """Make this process re-read FENCED_* variables: settings, Redis client and engines are rebuilt."""
     from checkpoints.db import dispose_all
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
     from fencing.connection import reset
 
     get_settings.cache_clear()

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from fenced.embedded import Stores
-from fenced.verdict import CHECKS, RunVerdict, check_run
-from fenced.workers import READY_TEXT, WorkerProcess
+from harness.embedded import Stores
+from harness.verdict import CHECKS, RunVerdict, check_run
+from harness.workers import READY_TEXT, WorkerProcess
 
 # Short leases so a takeover happens in seconds; slow enough steps that the kill lands mid-step.
 DEMO_DEFAULTS = {"FENCED_LEASE_TTL_MS": "3000", "FENCED_HEARTBEAT_MS": "1000", "FENCED_STUB_STEP_MS": "400"}

@@ -1,157 +1,34 @@
-"""The `fenced` command line: submit, inspect (status, runs, events, ledger), worker, migrate, demo."""
+"""The `fenced` commands for runs and processes: submit, status, runs, events, ledger, worker, flower,
+bench, migrate, demo; and `main`, the script's entry point."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import re
 import signal
 import sys
-from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from checkpoints.runs import Run
-
-app = typer.Typer(name="fenced", help="Durable, fenced, resumable agent runs on Celery.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_show_locals=False)
-
-
-class _Out:
-    """stdout for tables: looked up at each use (CliRunner swaps it); wide when piped, not 80 columns.
-
-    Markup is off: every cell is data from users and models (a reason "[terminal]", a user "[/x]")
-    and is printed literally, never interpreted."""
-
-    def print(self, *objects: Any, **kwargs: Any) -> None:
-        console = Console(highlight=False, markup=False)
-        if not console.is_terminal:
-            console = Console(highlight=False, markup=False, width=max(console.width, 160))
-        console.print(*objects, **kwargs)
-
-
-out = _Out()
-CLI_DB_RETRY_S = 5.0
-RUN_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled", "dead")  # checkpoints.schema
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-RunArg = Annotated[str, typer.Argument(help="A run id (or a unique prefix of one, 4+ characters).")]
-
-
-class Kind(StrEnum):
-    normal = "normal"
-    large = "large"
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print `error: message` on stderr and exit (2 = bad input, nothing written)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def emit_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
-
-
-def _ms(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
-def _clock(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
-
-
-def _require_store() -> None:
-    """Refuse to read a SQLite store that does not exist (SQLite would create an empty file)."""
-    from fenced.settings import get_settings
-
-    url = get_settings().db_url
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = Path(url.removeprefix("sqlite:///"))
-        if not path.exists():
-            fail(f"no run store at {path} (set FENCED_DB_URL, or run `fenced migrate` to create one)")
-
-
-def resolve_run(run_id: str) -> Run:
-    """The run with this id, or the only run whose id starts with it; exits 2 when there is none."""
-    import sqlalchemy as sa
-
-    from checkpoints import runs
-    from checkpoints.db import transaction
-    from checkpoints.schema import run_checkpoints as rc
-
-    _require_store()
-    run = runs.get_run(run_id)
-    if run is not None:
-        return run
-    if re.fullmatch(r"[0-9a-fA-F-]{4,63}", run_id):
-        with transaction(readonly=True) as conn:
-            query = sa.select(rc.c.run_id).where(rc.c.run_id.startswith(run_id.lower())).limit(2)
-            ids = conn.execute(query).scalars().all()
-        if len(ids) == 1:
-            found = runs.get_run(ids[0])
-            if found is not None:
-                return found
-        if len(ids) > 1:
-            fail(f"run id prefix {run_id!r} is ambiguous")
-    fail(f"no run with id {run_id!r}")
-
-
-def run_dict(run: Run) -> dict[str, Any]:
-    """A run row without its checkpoint blob (steps = finished steps in the checkpoint)."""
-    data = {k: v for k, v in vars(run).items() if k != "checkpoint"}
-    data["steps_done"] = len(run.checkpoint.get("history", []))
-    return data
-
-
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import version
-
-        typer.echo(f"fenced {version('fenced')}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the core's info logs.")] = False,
-          _v: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                           help="Print the version and exit.")] = False) -> None:
-    from fenced.demo import quiet_core_logs
-    from fenced.errors import ConfigError
-    from fenced.settings import get_settings
-
-    try:
-        get_settings()  # a bad FENCED_* variable is one clear line here, before any command runs
-    except ConfigError as exc:
-        fail(str(exc))
-
-    if not verbose:
-        quiet_core_logs()
-        logging.getLogger("checkpoints.db").addFilter(_RetryNotice())
-
-
-class _RetryNotice(logging.Filter):
-    """At a prompt, a database outage shows as one line when retrying starts, not a log line per try."""
-
-    shown = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "db_retry" not in record.getMessage():
-            return True
-        if not _RetryNotice.shown:
-            _RetryNotice.shown = True
-            from checkpoints.db import retry_window_s
-
-            typer.echo(f"waiting for the run store (retrying for up to {retry_window_s():g} s)…", err=True)
-        return False
+from fenced.cli.common import (
+    CLI_DB_RETRY_S,
+    RUN_STATES,
+    JsonOpt,
+    Kind,
+    RunArg,
+    _clock,
+    _ms,
+    _require_store,
+    app,
+    emit_json,
+    fail,
+    out,
+    resolve_run,
+    run_dict,
+)
 
 
 # -- commands ----------------------------------------------------------------------------------------
@@ -165,7 +42,7 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a run (row + billing hold) and send its first wake-up; prints the run id."""
-    from fenced.errors import AdmissionRefused, InvalidRequest
+    from fenced_core.errors import AdmissionRefused, InvalidRequest
 
     if query == "-":
         query = sys.stdin.read()
@@ -174,7 +51,7 @@ def submit(
         fail("query must not be empty")
     if not user or len(user) > 128:
         fail("--user must be 1 to 128 characters")
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
     from tasks import submit_run
 
     if get_settings().db_url.startswith("sqlite"):
@@ -195,7 +72,7 @@ def submit(
 def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """A run's state, owner, usage, charge, answer, cards, recent ledger and event count."""
     from checkpoints import effects, ledger
-    from fenced.verdict import holds_of as holds_for
+    from harness.verdict import holds_of as holds_for
 
     run = resolve_run(run_id)
     holds = [dict(h._mapping) for h in holds_for(run.run_id)]
@@ -277,8 +154,8 @@ def list_runs(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(ctx: typer.Context) -> None:
     """Exec `celery -A tasks worker` with the project defaults; extra arguments go to celery (last wins)."""
-    from fenced.settings import get_settings
-    from fenced.workers import ALL_QUEUES, pool_option, split_pool
+    from fenced_core.settings import get_settings
+    from harness.workers import ALL_QUEUES, pool_option, split_pool
 
     pool, extra = split_pool(ctx.args)
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", *pool_option(pool or "threads"),
@@ -350,8 +227,8 @@ def bench(
 def migrate() -> None:
     """Bring the run store's schema to head."""
     from checkpoints.db import migrate as run_migrations
-    from fenced.embedded import mask_url
-    from fenced.settings import get_settings
+    from fenced_core.settings import get_settings
+    from harness.embedded import mask_url
 
     run_migrations()
     typer.echo(f"schema at head: {mask_url(get_settings().db_url)}")
@@ -472,7 +349,7 @@ def demo(
 
     Uses FENCED_REDIS_URL / FENCED_DB_URL when set; otherwise a private redis-server and a fresh SQLite
     file under ./.fenced/. Exit code 0 only if every verdict holds."""
-    from fenced.demo import render, run_demo
+    from harness.demo import render, run_demo
 
     # A SIGTERM'd demo cleans up like an interrupted one: no stray workers or redis-server left behind.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -488,10 +365,6 @@ def demo(
     raise typer.Exit(0 if result.ok else 1)
 
 
-import fenced.cli_chaos  # noqa: E402  (these register their commands on `app`)
-import fenced.cli_lifecycle  # noqa: E402,F401
-
-
 def main() -> None:
     """Entry point of the `fenced` script: store outages become one clear line, not a traceback."""
     import kombu.exceptions
@@ -499,7 +372,7 @@ def main() -> None:
     import sqlalchemy as sa
 
     from checkpoints.db import is_missing_schema, set_retry_window
-    from fenced.settings import get_settings, safe_url
+    from fenced_core.settings import get_settings, safe_url
 
     if "FENCED_DB_RETRY_S" not in os.environ:
         # A person at a prompt: a database outage is reported after a few seconds, not a worker's minute.

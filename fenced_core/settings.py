@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fenced.errors import ConfigError
+from fenced_core.errors import ConfigError
 
 # The run stores fenced is tested on. PostgreSQL is not one of them (yet): refused, not half-supported.
 DB_SCHEMES = ("mysql+pymysql://", "sqlite:///")
@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     admission_ttl_s: int = Field(3_600, gt=0, description="A slot no sweep confirmed live this long is pruned")
     default_balance_credits: int = Field(1_000, ge=0, description="Starting balance of a user never seen before")
     large_promote_every_ms: int = Field(500, gt=0, description="Move the oldest large run ahead this often")
+
+    # What a worker runs: the modules that define its agents and FencedTasks (Celery's `imports`).
+    imports: str = Field("examples.shopping", description="Comma-separated modules every worker imports at "
+                         "start: the agents and FencedTasks it can run (the demo's shopping agent by default)")
 
     # The demo agent's stub model.
     stub_step_ms: int = Field(300, ge=0, description="Simulated model latency per step")

@@ -1,0 +1,1 @@
+"""Example apps built on the public API."""
