@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     imports: str = Field("examples.shopping", description="Comma-separated modules every worker imports at "
                          "start: the agents and FencedTasks it can run (the demo's shopping agent by default)")
 
+    default_agent: str = Field("shopping", min_length=1, max_length=128,
+                               description="The agent a submit runs when it names none")
+
     # The demo agent's stub model.
     stub_step_ms: int = Field(300, ge=0, description="Simulated model latency per step")
     stub_tokens: int = Field(800, ge=0, description="Tokens per stub model call (normal runs; large x3)")

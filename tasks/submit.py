@@ -27,8 +27,12 @@ def run_id_for_key(user_id: str, idempotency_key: str) -> str:
     return str(uuid.uuid5(_KEYED_RUNS, f"{len(user_id)}:{user_id}:{idempotency_key}"))
 
 
-def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: str | None = None) -> str:
+def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: str | None = None, *,
+               agent: str | None = None, agent_version: str = "") -> str:
     """Create a run and wake it; returns the run id (= the Celery task id of its first message).
+
+    `agent` names the program that runs it (an Agent or a FencedTask registered in the workers;
+    FENCED_DEFAULT_AGENT when None) and `agent_version` the version of its tools or steps.
 
     With `idempotency_key`, a retried submit (same user, same key) returns the run the first one
     created and creates nothing; the same key with another query or kind is refused. Whenever the run
@@ -38,30 +42,34 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
     Raises AdmissionRefused (a limit; see `retry_after_s`), InsufficientCredits or InvalidRequest, and
     then nothing was written. If the process dies between the commit and the send, the sweeper sends
     the wake-up."""
+    from fenced_core.settings import get_settings
     from tasks.app import run_agent
 
+    agent = agent or get_settings().default_agent
     runs.validate_request(user_id, kind, query)
+    if len(agent) > 128 or len(agent_version) > 32:
+        raise InvalidRequest("agent must be at most 128 characters and agent_version at most 32")
     if idempotency_key is not None:
         if not idempotency_key or len(idempotency_key) > 200:
             raise InvalidRequest("idempotency_key must be 1 to 200 characters")
         run_id = run_id_for_key(user_id, idempotency_key)
         existing = runs.peek_run(run_id)
         if existing is not None:
-            _same_request(existing, user_id, query, kind)
+            _same_request(existing, user_id, query, kind, agent)
             log.info("submit_deduplicated", run_id=run_id, epoch=existing.epoch)
             return run_id
     else:
         run_id = runs.new_run_id()
     admission.admit(run_id, user_id, ADMISSION_QUEUES)
     try:
-        credits = in_txn(_create_once_txn, run_id, user_id, kind, query)
+        credits = in_txn(_create_once_txn, run_id, user_id, kind, query, agent, agent_version)
     except sa.exc.IntegrityError:
         # A concurrent submit with the same key inserted the run first: that one is the run.
         existing = runs.peek_run(run_id)
         if existing is None:
             admission.release_slot(user_id, run_id)
             raise
-        _same_request(existing, user_id, query, kind)
+        _same_request(existing, user_id, query, kind, agent)
         return run_id
     except BaseException:
         if not _may_exist(run_id):
@@ -86,19 +94,21 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
     return run_id
 
 
-def _create_once_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str) -> int:
+def _create_once_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, agent: str,
+                     agent_version: str) -> int:
     """create_run_txn, unless this run id exists already: a retry of a transaction whose commit landed
     (its reply lost). Returns the credits held."""
     existing = runs.peek_run_txn(conn, run_id)
     if existing is not None:
-        _same_request(existing, user_id, query, kind)
+        _same_request(existing, user_id, query, kind, agent)
         return billing.hold_credits(existing.kind)
-    return runs.create_run_txn(conn, run_id, user_id, kind, query, "api")
+    return runs.create_run_txn(conn, run_id, user_id, kind, query, "api", agent, agent_version)
 
 
-def _same_request(run: runs.Run, user_id: str, query: str, kind: str) -> None:
-    if (run.user_id, run.query, run.kind) != (user_id, query, kind):
-        raise InvalidRequest(f"idempotency key already used for run {run.run_id} with a different query or kind; "
+def _same_request(run: runs.Run, user_id: str, query: str, kind: str, agent: str) -> None:
+    if (run.user_id, run.query, run.kind, run.agent) != (user_id, query, kind, agent):
+        raise InvalidRequest(f"idempotency key already used for run {run.run_id} with a different query, kind or "
+                             "agent; "
                              "use a new key for a new request")
 
 
