@@ -42,6 +42,11 @@ class AdmissionRefused(FencedError):
         return type(self), (self.limit, self.retry_after_s, str(self))
 
 
+class StoreUnavailable(FencedError):
+    """A store (the run database, Redis) could not be reached or answered with a connection error:
+    translated once where a driver error enters fenced. Retrying later may succeed; nothing was lost."""
+
+
 class StepError(FencedError):
     """Base of errors a model call or a tool raises, by failure class."""
 
@@ -64,6 +69,19 @@ class TerminalError(StepError):
     """Retrying cannot help: the run fails and what was used is settled."""
 
     failure_class = "terminal"
+
+
+class BudgetExceeded(TerminalError):
+    """The run's next model call could cost more than its billing hold has left: it is not started, and
+    the run fails, settled at most its hold."""
+
+    failure_class = "budget"
+
+
+class MaxStepsExceeded(TerminalError):
+    """The agent took its `max_steps` steps without a final answer: the run fails (a runaway loop stops)."""
+
+    failure_class = "max_steps"
 
 
 class Interrupt(BaseException):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from checkpoints import inputs, ledger, lifecycle, runs
 from checkpoints.db import transaction
 from checkpoints.schema import run_holds, run_inputs
-from fenced.cli import app
+from fenced_cli import app
 from fenced_core.errors import AdmissionRefused, FencedOut
 from fencing import admission, epoch, events, keys
 from fencing.connection import get_redis

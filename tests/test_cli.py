@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from fenced.cli import app
+from fenced_cli import app
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fenced.cli.common import (
+from fenced_cli.common import (
     CLI_DB_RETRY_S,
     RUN_STATES,
     JsonOpt,

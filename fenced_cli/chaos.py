@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-from fenced.cli.common import app
+from fenced_cli.common import app
 
 if TYPE_CHECKING:
     from chaos.harness import ChaosConfig

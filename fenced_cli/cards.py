@@ -1,0 +1,46 @@
+"""`fenced cards` and `fenced confirm`: the shopping example's cart confirmation cards and orders."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from fenced_cli.common import JsonOpt, RunArg, _clock, app, emit_json, fail, out, resolve_run
+
+
+@app.command()
+def cards(run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """The cart confirmation cards a run offered."""
+    from checkpoints.effects import cards_for
+
+    run = resolve_run(run_id)
+    found = cards_for(run.run_id)
+    if as_json:
+        emit_json([asdict(c) for c in found])
+        return
+    table = Table("card", "state", "items", "total", "expires")
+    for c in found:
+        table.add_row(c.card_id, c.state, ", ".join(f"{i['qty']} x {i['name']}" for i in c.items),
+                      f"${c.total_cents / 100:.2f}", _clock(c.expires_at_ms))
+    out.print(table if found else "no cards")
+
+
+@app.command()
+def confirm(card_id: Annotated[str, typer.Argument(help="A card id (card_...).")],
+            user: Annotated[str, typer.Option("--user", "-u", help="The card's owner.")] = "cli",
+            as_json: JsonOpt = False) -> None:
+    """Confirm a card: places one order (a second confirm prints the same order number)."""
+    from checkpoints.effects import confirm_card
+    from fenced_core.errors import InvalidRequest
+
+    try:
+        order = confirm_card(card_id, user)
+    except InvalidRequest as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json(asdict(order))
+    else:
+        typer.echo(order.order_id)
