@@ -69,13 +69,15 @@ def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
     if run is None:
         return RunVerdict(run_id, failed={"done": "run row missing"})
     history = run.checkpoint.get("history", [])
+    # An agent's steps record a model decision each (with its tool calls); a FencedTask's record a result.
+    decisions = [h for h in history if "tool_calls" in h]
     holds = holds_of(run_id)
     settled = [h for h in holds if h.state == "settled"]
     entries = ledger.history(run_id)
     takeovers = [e for e in entries if e.kind == "takeover"]
     finished = next((e for e in entries if e.kind in ("done", "failed", "dead")), None)
     stream = events.read(run_id)
-    cart_calls = {c["id"] for h in history for c in h["tool_calls"] if c["name"] == "add_to_cart"}
+    cart_calls = {c["id"] for h in decisions for c in h["tool_calls"] if c["name"] == "add_to_cart"}
     v = RunVerdict(
         run_id, run.query, run.kind, run.state, len(history), run.model_calls,
         settled[0].credits_charged if len(settled) == 1 else None, [h.state for h in holds],
@@ -94,10 +96,10 @@ def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
                                     f"{n_settled} settlements")
     if v.cards != v.cards_expected or v.cards_expected > 1:
         v.failed["cards"] = f"{v.cards} cards for {v.cards_expected} add_to_cart calls"
-    if run.model_calls != len(history):
-        v.failed["paid_once"] = f"{run.model_calls} model calls paid for {len(history)} steps"
+    if run.model_calls != len(decisions):
+        v.failed["paid_once"] = f"{run.model_calls} model calls paid for {len(decisions)} model decisions"
     if check_events:
-        problem = _stream_problem(history, events.live_view(stream), run.state)
+        problem = _stream_problem(decisions, events.live_view(stream), run.state)
         if problem:
             v.failed["stream"] = problem
     return v
