@@ -1,0 +1,1 @@
+"""User apps the tests run on real workers: modules outside the fenced packages, as a user writes them."""
