@@ -26,6 +26,7 @@ from tasks import result, run_agent, submit_run, wait
 from tasks.context import RunContext, ask_user, once
 from tasks.context import current as current_run
 from tasks.fenced_task import FencedTask, RunHandle, step
+from tasks.install import install
 
 __all__ = [
     "AdmissionRefused",
@@ -44,6 +45,7 @@ __all__ = [
     "TransientError",
     "ask_user",
     "current_run",
+    "install",
     "once",
     "result",
     "run_agent",

@@ -121,3 +121,18 @@ def test_a_replay_whose_steps_changed_fails_with_a_clear_error(mysql_store):
 def test_fenced_task_is_the_public_base_class():
     assert isinstance(checkout, FencedTask)
     assert TerminalError.failure_class == "terminal"
+
+
+def test_a_users_own_celery_app_runs_fenced_after_install(workers):
+    from tests.apps.own_app import app as own_app
+    from tests.apps.own_app import twice
+
+    assert own_app.conf.task_acks_late and own_app.conf.worker_prefetch_multiplier == 1
+    workers.start("own", app="tests.apps.own_app")
+    handle = twice.delay(5)
+    [run] = wait_terminal([handle.id], timeout=30)
+    assert run.state == "done", run.error
+    assert handle.result() == 20
+    assert [e.kind for e in ledger.history(handle.id)].count("claimed") == 2, "two steps, two wake-ups"
+    v = check_run(handle.id)
+    assert v.ok, v.failures

@@ -41,9 +41,10 @@ class Pool:
         self.tmp = tmp
         self.workers: list[WorkerProcess] = []
 
-    def start(self, name: str, pool: str = "threads", concurrency: int = 4, **env: str) -> WorkerProcess:
+    def start(self, name: str, pool: str = "threads", concurrency: int = 4, app: str = "tasks",
+              **env: str) -> WorkerProcess:
         w = WorkerProcess(name, env={**os.environ, **env}, log_path=self.tmp / f"{name}.log",
-                          concurrency=concurrency, pool=pool)
+                          concurrency=concurrency, pool=pool, app=app)
         w.start()
         self.workers.append(w)
         return w
