@@ -163,9 +163,9 @@ def judge(result: ScenarioResult, run_ids: list[str], control: int | None, *, ch
     """Judge every run against the four conditions (and the control run's charge). `healthy`: these runs
     were not disturbed, so they must also meet harness.history.HEALTHY_CONDITIONS (no takeover or rescue,
     every step handed to the next within `gap_ms`)."""
-    from fenced_core.settings import get_settings
+    from examples.shopping.settings import get_shopping_settings
 
-    one_call = billing.credits_for(get_settings().stub_tokens, 0, 10**9)
+    one_call = billing.credits_for(get_shopping_settings().stub_tokens, 0, 10**9)
     result.runs += len(run_ids)
     # The history, not only the final rows: stale writes, stream order, paid calls, accounts, orders.
     for violation in check_history(run_ids):

@@ -1,29 +1,25 @@
 """Idempotent effects: a write tool's effect is keyed by run + action + payload fingerprint and fenced.
 
 Replaying a recorded decision (after a crash, or by a zombie) hits the same key and gets the first
-result back, unless that result can no longer be used (an expired card): then the replay performs the
-effect again as a new operation, recorded as such. The add-to-cart confirmation card is the first user;
-confirming a card places one order.
+result back, unless that result can no longer be used (an expired card, say): then the replay performs
+the effect again as a new operation, recorded as such. tasks.context.once is the agents' and tasks' way
+in; the shopping example's cart cards (examples/shopping/cards.py) are built on perform_once directly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from checkpoints import ledger
-from checkpoints.db import in_txn, transaction
+from checkpoints.db import in_txn
 from checkpoints.runs import Claim, fenced_update_txn, now_ms
-from checkpoints.schema import TERMINAL_STATES, cart_cards, effects, orders, run_checkpoints
-from fenced_core.errors import InvalidRequest
-from fenced_core.settings import get_settings
+from checkpoints.schema import effects
 
 
 def fingerprint(payload: Any) -> str:
@@ -33,21 +29,13 @@ def fingerprint(payload: Any) -> str:
 
 
 def request_key(run_id: str, action: str, payload: Any) -> str:
+    """An effect's idempotency key, `run_id:action:fingerprint`: the same for every replay of one decision."""
     return f"{run_id}:{action}:{fingerprint(payload)}"
 
 
 Create = Callable[[Connection, str], dict[str, Any]]  # (connection, request key) -> JSON-able result
 # (connection, the recorded result) -> why that result can no longer be used, or None if it can.
 Unusable = Callable[[Connection, dict[str, Any]], str | None]
-
-
-def _fault_point(name: str, run_id: str) -> None:
-    """A named fault point (fencing.faults) for tests and chaos; fencing.faults is on the Redis side, a floor
-    up, so it is imported only where FENCED_FAULTS_ENABLED is set."""
-    if get_settings().faults_enabled:
-        from fencing import faults
-
-        faults.point(name, run_id)
 
 
 def perform_once(c: Claim, action: str, payload: Any, create: Create,
@@ -94,161 +82,3 @@ def _perform_once_txn(conn: Connection, c: Claim, action: str, key: str, create:
     ledger.record_txn(conn, c.run.run_id, c.epoch, c.token, "effect_created", f"{action} done once: {key}",
                       {"result": result})
     return result, False
-
-
-@dataclass(frozen=True)
-class Card:
-    card_id: str
-    request_key: str
-    run_id: str
-    user_id: str
-    operation_id: str
-    items: list[dict[str, Any]]
-    total_cents: int
-    state: str
-    expires_at_ms: int
-    reused: bool = False
-
-
-def _card(row: Any, reused: bool = False) -> Card:
-    return Card(row["card_id"], row["request_key"], row["run_id"], row["user_id"], row["operation_id"],
-                json.loads(row["items"]), row["total_cents"], row["state"], row["expires_at_ms"], reused)
-
-
-MAX_QTY = 99  # per line of a card: bounds every total far below the column's range
-
-
-def card_lines(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A card's lines, sorted by item id: id, name and price as looked up now, and a validated qty.
-
-    Raises InvalidRequest for a quantity that is not a whole number from 1 to MAX_QTY, a negative
-    price, or an item listed twice (the tool merges those before it gets here)."""
-    lines: dict[str, dict[str, Any]] = {}
-    for item in items:
-        qty = item.get("qty", 1)
-        if isinstance(qty, bool) or not isinstance(qty, int) or not 1 <= qty <= MAX_QTY:
-            raise InvalidRequest(f"cart item {item.get('id')!r}: qty must be a whole number from 1 to {MAX_QTY}, "
-                                 f"not {qty!r}")
-        price = item["price_cents"]
-        if isinstance(price, bool) or not isinstance(price, int) or price < 0:
-            raise InvalidRequest(f"cart item {item.get('id')!r}: price_cents must be a whole number >= 0")
-        if item["id"] in lines:
-            raise InvalidRequest(f"cart item {item['id']!r} is listed twice")
-        lines[item["id"]] = {"id": item["id"], "name": item["name"], "price_cents": price, "qty": qty}
-    return [lines[i] for i in sorted(lines)]
-
-
-def create_cart_card(c: Claim, items: list[dict[str, Any]]) -> Card:
-    """Offer an add-to-cart confirmation card once per decision; a replay returns the first card.
-
-    The idempotency key covers only what the recorded decision says (item ids and quantities, sorted
-    by id), never catalog data looked up when the tool runs: the name and price are properties of the
-    card, fixed when it is created, so a replay after a price change gets the first card at its first
-    price. A replay that finds its card expired and never confirmed offers a fresh card (a new
-    operation, at the prices passed now), since no one can confirm the old one any more."""
-    lines = card_lines(items)
-    decision = [{"id": i["id"], "qty": i["qty"]} for i in lines]
-
-    def create(conn: Connection, key: str) -> dict[str, Any]:
-        now = now_ms()
-        # A renewal after expiry is another card of the same decision: key#2, key#3, ...
-        keys = conn.execute(sa.select(cart_cards.c.request_key)
-                            .where(cart_cards.c.run_id == c.run.run_id)).scalars().all()
-        renewals = sum(1 for k in keys if k == key or k.startswith(f"{key}#"))
-        card_id = f"card_{uuid.uuid4().hex[:16]}"
-        conn.execute(cart_cards.insert().values(
-            card_id=card_id, request_key=key if not renewals else f"{key}#{renewals + 1}", run_id=c.run.run_id,
-            user_id=c.run.user_id, operation_id=f"op_{uuid.uuid4().hex}", items=json.dumps(lines, sort_keys=True),
-            total_cents=sum(i["price_cents"] * i["qty"] for i in lines), state="offered", epoch=c.epoch,
-            created_at_ms=now, expires_at_ms=now + get_settings().card_ttl_s * 1000,
-        ))
-        return {"card_id": card_id}
-
-    def unusable(conn: Connection, first: dict[str, Any]) -> str | None:
-        row = conn.execute(sa.select(cart_cards.c.state, cart_cards.c.expires_at_ms)
-                           .where(cart_cards.c.card_id == first["card_id"])).first()
-        if row is None:
-            return "names no card"
-        if row.state == "offered" and now_ms() > row.expires_at_ms:
-            return f"is card {first['card_id']}, which expired unconfirmed at {row.expires_at_ms} ms"
-        return None
-
-    _fault_point("before_effect", c.run.run_id)
-    result, reused = perform_once(c, "add_to_cart", decision, create, unusable)
-    card = get_card(result["card_id"])
-    return Card(**{**card.__dict__, "reused": reused})
-
-
-def get_card(card_id: str) -> Card:
-    with transaction(readonly=True) as conn:
-        row = conn.execute(sa.select(cart_cards).where(cart_cards.c.card_id == card_id)).mappings().first()
-    if row is None:
-        raise InvalidRequest(f"no cart card {card_id!r}")
-    return _card(row)
-
-
-def cards_for(run_id: str) -> list[Card]:
-    with transaction(readonly=True) as conn:
-        rows = conn.execute(sa.select(cart_cards).where(cart_cards.c.run_id == run_id)
-                            .order_by(cart_cards.c.created_at_ms)).mappings().all()
-    return [_card(r) for r in rows]
-
-
-# A run that ended without finishing its work (or was stopped) takes its real-world effect with it.
-UNCONFIRMABLE_STATES = tuple(s for s in TERMINAL_STATES if s != "done")
-
-
-@dataclass(frozen=True)
-class Order:
-    order_id: str
-    operation_id: str
-    card_id: str
-    user_id: str
-    created_at_ms: int
-    reused: bool = False
-
-
-def confirm_card(card_id: str, user_id: str) -> Order:
-    """Place the card's order once: its idempotency key is the card's operation id.
-
-    Confirming twice (a double click, a retry after a crash) returns the first order. Someone else's
-    card, an expired one, or one whose run was cancelled, failed or dead-lettered is refused with
-    InvalidRequest and nothing is written (a card of a live or done run can be confirmed)."""
-    return in_txn(_confirm_txn, card_id, user_id)
-
-
-def _confirm_txn(conn: Connection, card_id: str, user_id: str) -> Order:
-    card = conn.execute(sa.select(cart_cards).where(cart_cards.c.card_id == card_id)
-                        .with_for_update()).mappings().first()
-    if card is None:
-        raise InvalidRequest(f"no cart card {card_id!r}")
-    if card["user_id"] != user_id:
-        raise InvalidRequest(f"card {card_id} belongs to another user; nothing was ordered")
-    existing = conn.execute(sa.select(orders).where(orders.c.operation_id == card["operation_id"])).mappings().first()
-    if existing:
-        return Order(existing["order_id"], existing["operation_id"], existing["card_id"], existing["user_id"],
-                     existing["created_at_ms"], reused=True)
-    # A shared lock: a cancel of the run waits for this order, or this confirm sees the cancel.
-    run = conn.execute(sa.select(run_checkpoints.c.state, run_checkpoints.c.epoch)
-                       .where(run_checkpoints.c.run_id == card["run_id"]).with_for_update(read=True)).first()
-    if run is None or run.state in UNCONFIRMABLE_STATES:
-        state = run.state if run is not None else "gone"
-        raise InvalidRequest(f"card {card_id} belongs to run {card['run_id']}, which is {state}; nothing was ordered")
-    now = now_ms()
-    if now > card["expires_at_ms"]:
-        raise InvalidRequest(f"card {card_id} expired at {card['expires_at_ms']} ms; ask the agent again")
-    order_id = f"ord_{uuid.uuid4().hex[:12]}"
-    try:
-        with conn.begin_nested():
-            conn.execute(orders.insert().values(order_id=order_id, operation_id=card["operation_id"],
-                                                card_id=card_id, user_id=user_id, created_at_ms=now))
-    except sa.exc.IntegrityError:
-        row = conn.execute(sa.select(orders).where(orders.c.operation_id == card["operation_id"])).mappings().one()
-        return Order(row["order_id"], row["operation_id"], row["card_id"], row["user_id"], row["created_at_ms"],
-                     reused=True)
-    _fault_point("in_confirm", card["run_id"])
-    conn.execute(cart_cards.update().where(cart_cards.c.card_id == card_id)
-                 .values(state="confirmed", confirmed_at_ms=now))
-    ledger.record_txn(conn, card["run_id"], run.epoch, user_id, "order_placed",
-                      f"card {card_id} confirmed: order {order_id} under operation {card['operation_id']}")
-    return Order(order_id, card["operation_id"], card_id, user_id, now)

@@ -170,33 +170,9 @@ effects = Table(
     Index("ix_effects_run", "run_id"),
 )
 
-cart_cards = Table(
-    "cart_cards",
-    metadata,
-    Column("card_id", Ident(64), primary_key=True),
-    Column("request_key", Ident(255), nullable=False, unique=True),
-    Column("run_id", Ident(64), nullable=False),
-    Column("user_id", Ident(128), nullable=False, server_default=""),
-    Column("expires_at_ms", BigInteger, nullable=False, server_default="0"),
-    Column("confirmed_at_ms", BigInteger),
-    Column("operation_id", Ident(64), nullable=False, unique=True),
-    Column("items", Text, nullable=False),  # JSON, sorted by item id
-    Column("total_cents", BigInteger, nullable=False),  # qty <= effects.MAX_QTY per line, too
-    Column("state", String(16), nullable=False),  # offered -> confirmed
-    Column("epoch", Integer, nullable=False),
-    Column("created_at_ms", BigInteger, nullable=False),
-    Index("ix_cart_cards_run", "run_id"),
-)
-
-orders = Table(
-    "orders",
-    metadata,
-    Column("order_id", Ident(64), primary_key=True),
-    Column("operation_id", Ident(64), nullable=False, unique=True),
-    Column("card_id", Ident(64), nullable=False),
-    Column("user_id", Ident(128), nullable=False, server_default=""),
-    Column("created_at_ms", BigInteger, nullable=False),
-)
+# The shopping example's cart_cards and orders tables are defined in examples/shopping/schema.py (on
+# their own MetaData): they are the demo's, not the runtime's. Migrations 0001-0003 create and change
+# them (history kept, so existing cards and orders stay); a new migration must not drop them.
 
 run_inputs = Table(
     "run_inputs",

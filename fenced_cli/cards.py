@@ -14,7 +14,7 @@ from fenced_cli.common import JsonOpt, RunArg, _clock, app, emit_json, fail, out
 @app.command()
 def cards(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """The cart confirmation cards a run offered."""
-    from checkpoints.effects import cards_for
+    from examples.shopping.cards import cards_for
 
     run = resolve_run(run_id)
     found = cards_for(run.run_id)
@@ -33,7 +33,7 @@ def confirm(card_id: Annotated[str, typer.Argument(help="A card id (card_...).")
             user: Annotated[str, typer.Option("--user", "-u", help="The card's owner.")] = "cli",
             as_json: JsonOpt = False) -> None:
     """Confirm a card: places one order (a second confirm prints the same order number)."""
-    from checkpoints.effects import confirm_card
+    from examples.shopping.cards import confirm_card
     from fenced_core.errors import InvalidRequest
 
     try:

@@ -120,12 +120,14 @@ def _version(value: bool) -> None:
 def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the core's info logs.")] = False,
           _v: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                            help="Print the version and exit.")] = False) -> None:
+    from examples.shopping.settings import get_shopping_settings
     from fenced_core.errors import ConfigError
     from fenced_core.settings import get_settings
     from harness.demo import quiet_core_logs
 
     try:
         get_settings()  # a bad FENCED_* variable is one clear line here, before any command runs
+        get_shopping_settings()  # the demo's own (FENCED_MODEL, FENCED_STUB_*, ...): demo, cards, confirm
     except ConfigError as exc:
         fail(str(exc))
 

@@ -71,12 +71,13 @@ def submit(
 @app.command()
 def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """A run's state, owner, usage, charge, answer, cards, recent ledger and event count."""
-    from checkpoints import effects, ledger
+    from checkpoints import ledger
+    from examples.shopping.cards import cards_for
     from harness.verdict import holds_of as holds_for
 
     run = resolve_run(run_id)
     holds = [dict(h._mapping) for h in holds_for(run.run_id)]
-    cards = effects.cards_for(run.run_id)
+    cards = cards_for(run.run_id)
     entries = ledger.history(run.run_id)
     event_count = _event_count(run.run_id)
     if as_json:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -61,8 +60,7 @@ class Settings(BaseSettings):
     hold_expiry_s: int = Field(900, gt=0, description="A hold nobody ran is released after this")
     credits_per_1k_tokens: float = Field(5.0, ge=0, description="Price of model usage")
 
-    # Effects, admission and accounts.
-    card_ttl_s: int = Field(1_800, gt=0, description="A cart card can be confirmed for this long")
+    # Admission and accounts.
     max_queued_runs: int = Field(1_000, gt=0, description="Global limit: undelivered + admitted-not-sent runs")
     max_runs_per_user: int = Field(10, gt=0, description="Concurrent (admitted, unfinished) runs per user")
     admission_ttl_s: int = Field(3_600, gt=0, description="A slot no sweep confirmed live this long is pruned")
@@ -76,16 +74,7 @@ class Settings(BaseSettings):
     default_agent: str = Field("shopping", min_length=1, max_length=128,
                                description="The agent a submit runs when it names none")
 
-    # The demo agent's stub model.
-    stub_step_ms: int = Field(300, ge=0, description="Simulated model latency per step")
-    stub_tokens: int = Field(800, ge=0, description="Tokens per stub model call (normal runs; large x3)")
-    stub_count_paid: bool = Field(False, description="Count each stub call as paid in Redis (tests, chaos: the "
-                                  "history checker holds recorded calls against it)")
-    stub_tool_ms: int = Field(0, ge=0, description="Simulated latency of each demo tool call")
-    model: Literal["stub", "openai"] = Field("stub", description="'stub' or 'openai' (an OpenAI-compatible endpoint)")
-    openai_base_url: str = Field("http://127.0.0.1:8000/v1")
-    openai_api_key: str = Field("")
-    openai_model: str = Field("gpt-4o-mini")
+    # The shopping demo's settings (stub model, FENCED_MODEL, card TTL) are its own: examples/shopping/settings.py.
 
     # Tests and chaos only: named fault-injection points are checked only when this is on.
     faults_enabled: bool = Field(False, description="Arm-able fault points and the stub model's test markers "

@@ -17,10 +17,12 @@ STATE_DIR = ".fenced"  # under the current directory; .gitignore'd
 def reload_settings() -> None:
     """Make this process re-read FENCED_* variables: settings, Redis client and engines are rebuilt."""
     from checkpoints.db import dispose_all
+    from examples.shopping.settings import get_shopping_settings
     from fenced_core.settings import get_settings
     from fencing.connection import reset
 
     get_settings.cache_clear()
+    get_shopping_settings.cache_clear()
     reset()
     dispose_all()
 

@@ -18,9 +18,7 @@ import sqlalchemy as sa
 
 from checkpoints.db import transaction
 from checkpoints.schema import (
-    cart_cards,
     effects,
-    orders,
     run_checkpoints,
     run_holds,
     run_inputs,
@@ -28,6 +26,7 @@ from checkpoints.schema import (
     run_steps,
     user_accounts,
 )
+from examples.shopping.schema import cart_cards, orders
 from fencing import events, metering
 
 CONDITIONS = {

@@ -10,9 +10,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from checkpoints import billing, effects, ledger, runs
+from checkpoints import billing, ledger, runs
 from checkpoints.db import transaction
 from checkpoints.schema import run_holds
+from examples.shopping.cards import cards_for
 from fencing import events
 
 CHECKS = {
@@ -81,7 +82,7 @@ def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
     v = RunVerdict(
         run_id, run.query, run.kind, run.state, len(history), run.model_calls,
         settled[0].credits_charged if len(settled) == 1 else None, [h.state for h in holds],
-        len(effects.cards_for(run_id)), len(cart_calls), len(takeovers),
+        len(cards_for(run_id)), len(cart_calls), len(takeovers),
         [str(e.detail.get("previous_owner")) for e in takeovers], sum(e.kind == "rescue" for e in entries),
         sum(e.type == "task_resumed" for e in stream), finished.actor if finished else None,
     )

@@ -68,25 +68,30 @@ def use_db(url: str) -> None:
 def wipe_tables() -> None:
     from checkpoints.db import transaction
     from checkpoints.schema import metadata
+    from examples.shopping.schema import metadata as shopping_metadata
 
     with transaction() as conn:
-        for table in reversed(metadata.sorted_tables):
+        for table in [*reversed(metadata.sorted_tables), *reversed(shopping_metadata.sorted_tables)]:
             conn.execute(table.delete())
 
 
 @pytest.fixture
 def settings_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
-    """Set FENCED_* settings in this process for one test: settings_env(max_runs_per_user=2, ...)."""
+    """Set FENCED_* settings in this process for one test: settings_env(max_runs_per_user=2, ...); the
+    core's and the shopping example's (stub_step_ms, model, card_ttl_s, ...) alike."""
+    from examples.shopping.settings import get_shopping_settings
     from fenced_core.settings import get_settings
 
     def set_(**values: object) -> None:
         for name, value in values.items():
             monkeypatch.setenv(f"FENCED_{name.upper()}", str(value))
         get_settings.cache_clear()
+        get_shopping_settings.cache_clear()
 
     yield set_
     monkeypatch.undo()
     get_settings.cache_clear()
+    get_shopping_settings.cache_clear()
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from checkpoints import effects, inputs, ledger, lifecycle, runs
+from checkpoints import inputs, ledger, lifecycle, runs
 from checkpoints.db import transaction
-from checkpoints.schema import orders
+from examples.shopping import cards
+from examples.shopping.schema import orders
 from fenced_core.errors import InvalidRequest
 from fencing import events, faults, keys
 from fencing.connection import get_redis
@@ -32,7 +33,7 @@ def _order_count(card_id: str) -> int:
 
 
 def _confirm_cli(card_id: str, user: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fenced", "confirm", card_id, "--user", user], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "fenced_cli", "confirm", card_id, "--user", user], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -40,7 +41,7 @@ def test_double_confirm_places_one_order_even_when_a_confirmer_is_killed(workers
     workers.start("a")
     run_id = submit_run("alice", "buy headphones")
     wait_terminal([run_id], timeout=30)
-    [card] = effects.cards_for(run_id)
+    [card] = cards.cards_for(run_id)
     # The first confirmer is killed inside its confirm transaction: its order row is inserted, the card
     # not yet marked confirmed, nothing committed.
     faults.arm("in_confirm")
@@ -52,10 +53,10 @@ def test_double_confirm_places_one_order_even_when_a_confirmer_is_killed(workers
     assert _order_count(card.card_id) == 0, "a killed confirmer's order must roll back with its transaction"
     procs = [_confirm_cli(card.card_id, "alice") for _ in range(2)]
     printed = {p.communicate(timeout=30)[0].strip() for p in procs}
-    again = effects.confirm_card(card.card_id, "alice")
+    again = cards.confirm_card(card.card_id, "alice")
     assert printed == {again.order_id}, "every confirm prints the same order number"
     assert again.reused and _order_count(card.card_id) == 1
-    assert effects.get_card(card.card_id).state == "confirmed"
+    assert cards.get_card(card.card_id).state == "confirmed"
     assert not [v for v in check_history([run_id]) if v.condition == "orders"]
 
 
@@ -63,9 +64,9 @@ def test_someone_elses_or_an_expired_card_is_refused(workers):
     workers.start("a", FENCED_CARD_TTL_S="1")
     run_id = submit_run("alice", "buy a backpack")
     wait_terminal([run_id], timeout=30)
-    [card] = effects.cards_for(run_id)
+    [card] = cards.cards_for(run_id)
     with pytest.raises(InvalidRequest, match="another user"):
-        effects.confirm_card(card.card_id, "mallory")
+        cards.confirm_card(card.card_id, "mallory")
     wait_for(lambda: time.time() * 1000 > card.expires_at_ms, 5, "the card to expire")
     cli = _confirm_cli(card.card_id, "alice")
     _out, err = cli.communicate(timeout=30)
@@ -138,7 +139,7 @@ def test_cancel_running_run_stops_it_and_nothing_lands_after(workers):
     evs = events.read(run_id)
     cancel_at = next(i for i, e in enumerate(evs) if e.type == "run_cancelled")
     assert evs[cancel_at + 1:] == [], f"events after the cancel: {[e.type for e in evs[cancel_at + 1:]]}"
-    assert effects.cards_for(run_id) == []
+    assert cards.cards_for(run_id) == []
     v = check_run(run_id)
     assert v.holds == ["settled"]
     assert any(e.kind == "fence_rejected" for e in ledger.history(run_id)), "the holder was fenced out"

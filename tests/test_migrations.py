@@ -15,10 +15,14 @@ from alembic import command
 from alembic.config import Config
 
 import checkpoints.db
-from checkpoints import accounts, effects, ledger, runs
+from checkpoints import accounts, ledger, runs
 from checkpoints.db import dispose_all, get_engine, transaction
 from checkpoints.runs import Usage
-from checkpoints.schema import metadata, orders
+from checkpoints.schema import metadata
+from examples.shopping import cards
+from examples.shopping.schema import metadata as shopping_metadata
+from examples.shopping.schema import orders
+from examples.shopping.settings import get_shopping_settings
 from fenced_core.settings import get_settings
 from tests.conftest import MYSQL_URL, use_db
 
@@ -46,11 +50,13 @@ def empty_db(request: pytest.FixtureRequest, tmp_path: Path, redis_client: objec
     dispose_all()
     with get_engine(url).begin() as conn:
         metadata.drop_all(conn)
+        shopping_metadata.drop_all(conn)
         conn.execute(sa.text("DROP TABLE IF EXISTS alembic_version"))
     yield url
     if request.param == "mysql":
         with get_engine(url).begin() as conn:
             metadata.drop_all(conn)
+            shopping_metadata.drop_all(conn)
             conn.execute(sa.text("DROP TABLE IF EXISTS alembic_version"))
     use_db(MYSQL_URL)
 
@@ -101,10 +107,10 @@ def test_an_upgrade_from_0001_keeps_cards_confirmable_and_holds_on_the_accounts(
     _insert_0001_data(url)
     upgrade(url, "head")
 
-    card = effects.get_card("card_old")
+    card = cards.get_card("card_old")
     assert card.user_id == "olga"
-    assert card.expires_at_ms == NOW - 1000 + get_settings().card_ttl_s * 1000
-    order = effects.confirm_card("card_old", "olga")
+    assert card.expires_at_ms == NOW - 1000 + get_shopping_settings().card_ttl_s * 1000
+    order = cards.confirm_card("card_old", "olga")
     assert not order.reused and order.user_id == "olga"
     with transaction(readonly=True) as conn:
         assert conn.execute(sa.select(orders.c.user_id).where(orders.c.order_id == "ord_old")).scalar() == "olga"

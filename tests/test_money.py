@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from checkpoints import accounts, billing, effects, ledger, lifecycle, runs
+from checkpoints import accounts, billing, ledger, lifecycle, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Claim, Usage
-from checkpoints.schema import cart_cards, dead_letters, orders, run_holds, user_accounts
+from checkpoints.schema import dead_letters, run_holds, user_accounts
 from checkpoints.schema import effects as effects_table
-from examples.shopping import catalog
+from examples.shopping import cards, catalog
+from examples.shopping.schema import cart_cards, orders
 from examples.shopping.tools import TOOLS
 from fenced_core.errors import AdmissionRefused, FixableError, InsufficientCredits, InvalidRequest
 from fencing import admission, keys
@@ -80,11 +81,11 @@ def test_user_ids_differing_in_case_accent_or_trailing_space_are_separate_accoun
 def test_card_run_and_request_ids_are_looked_up_exactly(store):
     run_id = new_run("alice")
     c = claim(run_id, "w/1")
-    card = effects.create_cart_card(c, [{"id": "sku-001", "name": "a", "price_cents": 100}])
+    card = cards.create_cart_card(c, [{"id": "sku-001", "name": "a", "price_cents": 100}])
     with pytest.raises(InvalidRequest, match="no cart card"):
-        effects.get_card(card.card_id.upper())
+        cards.get_card(card.card_id.upper())
     with pytest.raises(InvalidRequest, match="no cart card"):
-        effects.confirm_card(card.card_id.upper() + " ", "alice")
+        cards.confirm_card(card.card_id.upper() + " ", "alice")
     assert runs.get_run(run_id.upper()) is None
     with transaction(readonly=True) as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(effects_table)
@@ -127,12 +128,12 @@ def test_a_replay_after_a_price_change_returns_the_first_card(store, monkeypatch
     # A takeover replays the recorded decision (items in another order) after the price changed.
     again = add_to_cart(claim(run_id, "w/2"), {"items": list(reversed(decision["items"]))})
     assert again == {**first, "reused": True}, "the first card, at the price it was offered at"
-    [card] = effects.cards_for(run_id)
+    [card] = cards.cards_for(run_id)
     assert card.total_cents == expected
     assert {i["id"]: (i["qty"], i["price_cents"]) for i in card.items}["sku-005"] == (2, price)
     # A different decision (another quantity) is another card.
     other = add_to_cart(claim(run_id, "w/3"), {"items": [{"id": "sku-005", "qty": 3}, {"id": "sku-001"}]})
-    assert other["card_id"] != first["card_id"] and len(effects.cards_for(run_id)) == 2
+    assert other["card_id"] != first["card_id"] and len(cards.cards_for(run_id)) == 2
 
 
 # -- 13: tool inputs are validated, totals cannot overflow -----------------------------------------
@@ -161,14 +162,14 @@ def test_the_largest_valid_cart_is_stored_exactly_and_the_effect_layer_refuses_b
     c = claim(new_run("alice"), "w/1")
     biggest = add_to_cart(c, {"items": [{"id": i, "qty": 99} for i in catalog.BY_ID]})
     assert biggest["total_cents"] == 99 * sum(i["price_cents"] for i in catalog.ITEMS)
-    assert effects.get_card(biggest["card_id"]).total_cents == biggest["total_cents"]
+    assert cards.get_card(biggest["card_id"]).total_cents == biggest["total_cents"]
     for qty in (-3, 0, 10**12, 1.5):
         with pytest.raises(InvalidRequest, match="qty"):
-            effects.create_cart_card(c, [{"id": "sku-001", "name": "a", "price_cents": 100, "qty": qty}])
+            cards.create_cart_card(c, [{"id": "sku-001", "name": "a", "price_cents": 100, "qty": qty}])
     assert count(cart_cards) == 1
     # Merged duplicates are one line of the card.
     merged = add_to_cart(c, {"items": [{"id": "sku-001", "qty": 2}, {"id": "sku-001", "qty": 3}]})
-    assert [(i["id"], i["qty"]) for i in effects.get_card(merged["card_id"]).items] == [("sku-001", 5)]
+    assert [(i["id"], i["qty"]) for i in cards.get_card(merged["card_id"]).items] == [("sku-001", 5)]
 
 
 # -- 14: a card of a cancelled, failed or dead run cannot be confirmed; an expired one is renewed ---
@@ -188,25 +189,25 @@ def _end_run(run_id: str, how: str) -> None:
 @pytest.mark.parametrize("how", ["cancelled", "failed", "dead"])
 def test_a_card_of_a_cancelled_failed_or_dead_run_is_refused(store, how):
     run_id = new_run("alice")
-    card = effects.create_cart_card(claim(run_id, "w/1"), [{"id": "sku-001", "name": "a", "price_cents": 100}])
+    card = cards.create_cart_card(claim(run_id, "w/1"), [{"id": "sku-001", "name": "a", "price_cents": 100}])
     _end_run(run_id, how)
     before = len(ledger.history(run_id))
     with pytest.raises(InvalidRequest, match=how):
-        effects.confirm_card(card.card_id, "alice")
+        cards.confirm_card(card.card_id, "alice")
     assert count(orders) == 0
-    assert effects.get_card(card.card_id).state == "offered"
+    assert cards.get_card(card.card_id).state == "offered"
     assert len(ledger.history(run_id)) == before, "nothing written"
 
 
 @pytest.mark.parametrize("how", ["live", "done"])
 def test_a_card_of_a_live_or_done_run_is_confirmed(store, how):
     run_id = new_run("alice")
-    card = effects.create_cart_card(claim(run_id, "w/1"), [{"id": "sku-001", "name": "a", "price_cents": 100}])
+    card = cards.create_cart_card(claim(run_id, "w/1"), [{"id": "sku-001", "name": "a", "price_cents": 100}])
     if how == "done":
         _end_run(run_id, "done")
-    order = effects.confirm_card(card.card_id, "alice")
+    order = cards.confirm_card(card.card_id, "alice")
     assert not order.reused and count(orders) == 1
-    assert effects.get_card(card.card_id).state == "confirmed"
+    assert cards.get_card(card.card_id).state == "confirmed"
 
 
 def _expire(card_id: str) -> None:
@@ -220,23 +221,23 @@ def test_a_replay_after_the_card_expired_offers_a_fresh_card(store):
     first = add_to_cart(claim(run_id, "w/1"), decision)
     _expire(first["card_id"])
     with pytest.raises(InvalidRequest, match="expired"):
-        effects.confirm_card(first["card_id"], "alice")
+        cards.confirm_card(first["card_id"], "alice")
     renewed = add_to_cart(claim(run_id, "w/2"), decision)  # a takeover replays the decision
     assert renewed["card_id"] != first["card_id"] and not renewed["reused"]
     assert renewed["total_cents"] == first["total_cents"]
-    fresh = effects.get_card(renewed["card_id"])
-    old = effects.get_card(first["card_id"])
+    fresh = cards.get_card(renewed["card_id"])
+    old = cards.get_card(first["card_id"])
     assert fresh.operation_id != old.operation_id, "a new operation"
     assert fresh.expires_at_ms > runs.now_ms()
     renewals = [e for e in ledger.history(run_id) if e.kind == "effect_renewed"]
     assert len(renewals) == 1 and first["card_id"] in renewals[0].reason
     # The replay after that returns the fresh card, and it can be confirmed.
     assert add_to_cart(claim(run_id, "w/3"), decision) == {**renewed, "reused": True}
-    assert effects.confirm_card(renewed["card_id"], "alice").order_id
+    assert cards.confirm_card(renewed["card_id"], "alice").order_id
     # A confirmed card that expires afterwards is still the decision's card: no new one.
     _expire(renewed["card_id"])
     assert add_to_cart(claim(run_id, "w/4"), decision)["card_id"] == renewed["card_id"]
-    assert len(effects.cards_for(run_id)) == 2 and count(orders) == 1
+    assert len(cards.cards_for(run_id)) == 2 and count(orders) == 1
 
 
 # -- 16: a replayed dead letter is admitted and pays for what it uses ------------------------------

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from agents.model import AgentContext
+from examples.shopping.settings import get_shopping_settings
 from fenced_core.errors import TerminalError, TransientError
-from fenced_core.settings import get_settings
 
 REPLIES: list[tuple[int, dict]] = []
 SEEN: list[dict] = []
@@ -38,14 +38,14 @@ def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("FENCED_MODEL", "openai")
     monkeypatch.setenv("FENCED_OPENAI_BASE_URL", f"http://127.0.0.1:{server.server_port}/v1")
-    get_settings.cache_clear()
+    get_shopping_settings.cache_clear()
     from examples.shopping import get_model
 
     REPLIES.clear()
     SEEN.clear()
     yield get_model()
     server.shutdown()
-    get_settings.cache_clear()
+    get_shopping_settings.cache_clear()
 
 
 CTX = AgentContext("r1", "buy headphones", "normal", 1, [

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from checkpoints import billing, effects, ledger, runs
+from checkpoints import billing, ledger, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
-from checkpoints.schema import cart_cards, run_holds
+from checkpoints.schema import run_holds
+from examples.shopping import cards
+from examples.shopping.schema import cart_cards
 from fenced_core.errors import FencedOut, InvalidRequest
 
 
@@ -92,7 +94,7 @@ def test_stale_epoch_write_is_refused_everywhere(store):
     with pytest.raises(FencedOut):
         runs.finish(old, "done", {}, usage, "", answer="zombie answer")
     with pytest.raises(FencedOut):
-        effects.create_cart_card(old, [{"id": "sku-001", "name": "x", "price_cents": 100}])
+        cards.create_cart_card(old, [{"id": "sku-001", "name": "x", "price_cents": 100}])
     row = runs.get_run(run.run_id)
     assert (row.state, row.epoch, row.prompt_tokens, row.answer) == ("running", 2, 0, None)
     assert hold(run.run_id)["state"] == "held", "a fenced-out holder must not settle"
@@ -133,8 +135,8 @@ def test_cart_card_is_one_per_decision_whatever_the_item_order(store):
     run = new_run()
     c = runs.claim(run, "w/1")
     items = [{"id": "sku-002", "name": "b", "price_cents": 200}, {"id": "sku-001", "name": "a", "price_cents": 100}]
-    first = effects.create_cart_card(c, items)
-    again = effects.create_cart_card(c, list(reversed(items)))
+    first = cards.create_cart_card(c, items)
+    again = cards.create_cart_card(c, list(reversed(items)))
     assert not first.reused and again.reused and again.card_id == first.card_id
     assert first.request_key.startswith(f"{run.run_id}:add_to_cart:")
     assert first.total_cents == 300
@@ -142,7 +144,7 @@ def test_cart_card_is_one_per_decision_whatever_the_item_order(store):
         assert conn.execute(sa.select(sa.func.count()).select_from(cart_cards)).scalar() == 1
     # A takeover replaying the same decision gets the same card.
     c2 = runs.claim(runs.get_run(run.run_id), "w/2")
-    assert effects.create_cart_card(c2, items).card_id == first.card_id
+    assert cards.create_cart_card(c2, items).card_id == first.card_id
 
 
 def test_unclaimed_hold_expires_and_run_fails_as_expired(store):

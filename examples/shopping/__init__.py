@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from agents.loop import AgentLoop
 from agents.model import Model
+from examples.shopping.settings import get_shopping_settings
 from examples.shopping.tools import TOOLS
-from fenced_core.settings import get_settings
 from tasks import programs
 
 
 def get_model() -> Model:
     """The configured model (FENCED_MODEL): the deterministic stub, or an OpenAI-compatible endpoint."""
-    if get_settings().model == "openai":
+    if get_shopping_settings().model == "openai":
         from examples.shopping.openai_compat import OpenAICompatModel
 
         return OpenAICompatModel()
@@ -23,5 +23,5 @@ def get_model() -> Model:
     return StubModel()
 
 
-shopping = AgentLoop("shopping", get_model, TOOLS, tool_delay_s=lambda: get_settings().stub_tool_ms / 1000)
+shopping = AgentLoop("shopping", get_model, TOOLS, tool_delay_s=lambda: get_shopping_settings().stub_tool_ms / 1000)
 programs.register(shopping)

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 
 from agents.model import AgentContext, Decision, ToolCall
+from examples.shopping.settings import get_shopping_settings
 from examples.shopping.stub import STEPS
 from fenced_core.errors import TerminalError, TransientError
-from fenced_core.settings import get_settings
 
 _TOOLS = [
     {"type": "function", "function": {"name": "item_search", "description": "Search the catalog",
@@ -29,7 +29,7 @@ SYSTEM = ("You are a shopping assistant. Use the tools to search, compare and, w
 
 class OpenAICompatModel:
     def __init__(self) -> None:
-        s = get_settings()
+        s = get_shopping_settings()
         self.model = s.openai_model
         headers = {"Authorization": f"Bearer {s.openai_api_key}"} if s.openai_api_key else {}
         self.client = httpx.Client(base_url=s.openai_base_url, timeout=60, headers=headers)

@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from agents.model import AgentContext, Decision, ToolCall
+from examples.shopping.settings import get_shopping_settings
 from fenced_core.errors import TerminalError, TransientError
 from fenced_core.settings import get_settings
 from fencing.metering import count_paid_call
@@ -47,13 +48,13 @@ class StubModel:
     """Plays the shopping assistant without a provider; sleeps FENCED_STUB_STEP_MS per call."""
 
     def __init__(self, step_ms: int | None = None, tokens: int | None = None) -> None:
-        s = get_settings()
+        s = get_shopping_settings()
         self.step_ms = s.stub_step_ms if step_ms is None else step_ms
         self.tokens = s.stub_tokens if tokens is None else tokens
         self.count_paid = s.stub_count_paid
         # The test markers ([poison] kills its own worker) are live only where fault points are: in the
         # test suite and chaos runs (FENCED_FAULTS_ENABLED), never in a demo or deployment.
-        self.markers = s.faults_enabled
+        self.markers = get_settings().faults_enabled
 
     def decide(self, ctx: AgentContext) -> Decision:
         self._misbehave(ctx)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from agents.loop import Tool
-from checkpoints.effects import MAX_QTY, create_cart_card
 from examples.shopping import catalog
+from examples.shopping.cards import MAX_QTY, create_cart_card
 from fenced_core.errors import FixableError, TerminalError
 from tasks import context
 

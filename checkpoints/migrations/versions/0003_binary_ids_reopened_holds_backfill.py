@@ -18,6 +18,7 @@ Revises: 0002
 
 from __future__ import annotations
 
+import os
 import time
 
 import sqlalchemy as sa
@@ -82,8 +83,11 @@ def _backfill(bind: sa.engine.Connection) -> None:
     bind.execute(sa.text(
         "UPDATE cart_cards SET user_id = (SELECT r.user_id FROM run_checkpoints r WHERE r.run_id = cart_cards.run_id) "
         "WHERE user_id = '' AND EXISTS (SELECT 1 FROM run_checkpoints r WHERE r.run_id = cart_cards.run_id)"))
+    # The card TTL is the shopping example's setting now (examples/shopping/settings.py); the migration reads
+    # the same variable with the same default rather than import the example.
+    card_ttl_s = int(os.environ.get("FENCED_CARD_TTL_S", "1800"))
     bind.execute(sa.text("UPDATE cart_cards SET expires_at_ms = created_at_ms + :ttl_ms WHERE expires_at_ms = 0"),
-                 {'ttl_ms': settings.card_ttl_s * 1000})
+                 {'ttl_ms': card_ttl_s * 1000})
     bind.execute(sa.text(
         "UPDATE orders SET user_id = (SELECT c.user_id FROM cart_cards c WHERE c.card_id = orders.card_id) "
         "WHERE user_id = '' AND EXISTS (SELECT 1 FROM cart_cards c WHERE c.card_id = orders.card_id)"))
