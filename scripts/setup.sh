@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install fenced (with its test and benchmark extras) into it. Safe to run again.
+# Create .venv and install fenced (with its test, benchmark and pydantic-ai extras) into it. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -7,4 +7,4 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test,bench]"
+.venv/bin/python -m pip install -q -e ".[test,bench,pydantic-ai]"

@@ -1,0 +1,315 @@
+"""A pydantic-ai agent as a fenced program: each model request and the tool calls it asks for are one fenced step.
+
+`FencedAgent(agent, name=..., effects={...})` wraps an existing `pydantic_ai.Agent` without changing it, the
+way pydantic-ai's own durable integrations do: through its public capability hooks, run by `Agent.iter` node by
+node. The checkpoint is the message history, serialised with pydantic-ai's `ModelMessagesTypeAdapter`:
+
+    model request -> checkpoint A (the response and its usage) -> tool calls -> checkpoint B (the new messages)
+
+A resume from checkpoint A hands the recorded response back instead of asking the model again; from B, the
+next request is sent with the history so far. Tools named in `effects` run once per (run, tool, arguments)
+through `tasks.context.once`; every other tool is read-only and runs again when a step is replayed. A tool
+that calls `tasks.context.ask_user` parks the run until a person replies. pydantic-ai is an optional extra
+(`pip install 'fenced[pydantic-ai]'`): importing this module needs it, importing `agents` does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio.from_thread
+import anyio.to_thread
+from pydantic_ai import (
+    Agent,
+    DeferredToolRequests,
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+)
+from pydantic_ai.agent import ModelRequestNode
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.toolsets import FunctionToolset
+from pydantic_core import to_jsonable_python
+from pydantic_graph import End
+
+from fenced_core.errors import MaxStepsExceeded, StepError, TerminalError, TransientError
+from fencing import faults
+from tasks import context, programs
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model, ModelRequestParameters
+    from pydantic_ai.settings import ModelSettings
+
+    from tasks.step import Outcome, StepRunner
+
+_loops = threading.local()  # one event loop per worker thread, kept across steps (providers cache clients)
+
+
+class FencedAgent:
+    """A registered fenced program that runs `agent` one model request (and its tool calls) per step.
+
+    Under a crash or a takeover: a step whose response reached checkpoint A is replayed from it (the model is
+    not paid again; read-only tools run again, effects return their first result); a step that had not is
+    run again from checkpoint B of the step before (that lost model call is the platform's, never billed).
+    A holder that was fenced out writes nothing: its checkpoint, effect and terminal writes are refused."""
+
+    def __init__(self, agent: Agent[Any, Any], *, name: str | None = None, effects: Iterable[str] = (),
+                 version: str = "", deps: Callable[[context.RunContext], Any] | None = None,
+                 max_steps: int | None = None) -> None:
+        self.agent = agent
+        self.name = name or agent.name or ""
+        if not self.name:
+            raise ValueError("FencedAgent needs a name: pass name=... or give the pydantic-ai Agent one")
+        self.version = version
+        self.effects = frozenset(effects)
+        self.deps = deps
+        self.max_steps = max_steps
+        bad = sorted(e for e in self.effects if not e or len(e) > 64)
+        if bad:
+            raise ValueError(f"effects: a tool name must be 1 to 64 characters, not {bad[0]!r}")
+        known = _function_tool_names(agent)
+        if known is not None and not self.effects <= known:
+            raise ValueError(f"effects: {sorted(self.effects - known)} are not tools of agent {self.name!r} "
+                             f"(its tools: {sorted(known)})")
+        programs.register(self)
+
+    def submit(self, user_id: str, input: str, *, kind: str = "normal",
+               idempotency_key: str | None = None) -> str:
+        """Create a run of this agent and wake it; see `tasks.submit.submit_run` for what a crash does."""
+        from tasks.submit import submit_run
+
+        return submit_run(user_id, input, kind, idempotency_key, agent=self.name, agent_version=self.version)
+
+    # -- the program ---------------------------------------------------------------------------------
+    def run_step(self, runner: StepRunner) -> Outcome:
+        """One fenced step: one model request (or its recorded response) and the tool calls it asked for."""
+        if self.max_steps is not None and runner.step >= self.max_steps:
+            raise MaxStepsExceeded(f"agent {self.name!r} reached max_steps={self.max_steps} without an answer")
+        history = messages_of(runner.history)
+        prompt = None if history else runner.run.query
+        loop = getattr(_loops, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = _loops.loop = asyncio.new_event_loop()
+        step = _Step(self, runner)
+        try:
+            with Agent.parallel_tool_call_execution_mode("sequential"):  # effects and events in the model's order
+                ended, new, output = loop.run_until_complete(step.run(history, prompt))
+        except StepError:
+            raise
+        except Exception as exc:  # pydantic-ai's own failures (UserError, UnexpectedModelBehavior, usage limits)
+            raise TerminalError(f"agent {self.name!r}: pydantic-ai raised {exc!r}") from exc
+        record = {"step": runner.step, "name": step.name(), "text": step.text(), "tool_calls": step.calls,
+                  "messages": ModelMessagesTypeAdapter.dump_python(new, mode="json")}
+        if ended and isinstance(output, DeferredToolRequests):
+            raise TerminalError(f"agent {self.name!r} ended with deferred tool calls "
+                                f"{[c.tool_name for c in [*output.calls, *output.approvals]]}: pydantic-ai's "
+                                "deferred tools (requires_approval, CallDeferred, external tools) are not supported by "
+                                "FencedAgent; call tasks.context.ask_user inside the tool to wait for a person")
+        if ended:
+            answer = output if isinstance(output, str) else _json_text(output)
+            return runner.finish(record, answer)
+        return runner.step_done(record, step.name())
+
+
+def messages_of(history: list[dict[str, Any]]) -> list[ModelMessage]:
+    """The pydantic-ai message history a run's checkpoint holds (the finished steps' messages, in order)."""
+    raw = [m for record in history for m in record.get("messages", [])]
+    return ModelMessagesTypeAdapter.validate_python(raw)
+
+
+def _function_tool_names(agent: Agent[Any, Any]) -> frozenset[str] | None:
+    """The agent's function tools, when every toolset is a FunctionToolset (else None: not checkable here)."""
+    names: set[str] = set()
+    for toolset in agent.toolsets:
+        if not isinstance(toolset, FunctionToolset):
+            return None
+        names |= set(toolset.tools)
+    return frozenset(names)
+
+
+def _json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(to_jsonable_python(value), ensure_ascii=False)
+
+
+def _passes_through(exc: BaseException) -> bool:
+    """pydantic-ai's own control flow (ModelRetry, CallDeferred, ...) is its business, not a failed tool."""
+    return type(exc).__module__.startswith(("pydantic_ai", "pydantic_graph"))
+
+
+@dataclass
+class _Passed:
+    exc: BaseException
+
+
+class _Step:
+    """The state of one fenced step while pydantic-ai's graph runs it."""
+
+    def __init__(self, fa: FencedAgent, runner: StepRunner) -> None:
+        self.fa = fa
+        self.runner = runner
+        self.response: ModelResponse | None = None
+        self.calls: list[dict[str, Any]] = []
+
+    async def run(self, history: list[ModelMessage], prompt: str | None) -> tuple[bool, list[ModelMessage], Any]:
+        """Drive the graph to the end of this step: (ended, the step's new messages, the output if ended)."""
+        runner = self.runner
+        deps = self.fa.deps(context.current()) if self.fa.deps else None
+        async with self.fa.agent.iter(prompt, message_history=history, deps=deps,
+                                      capabilities=[_FencedCapability(self)]) as run:
+            node: Any = run.next_node
+            while True:
+                node = await run.next(node)
+                runner.boundary()
+                if isinstance(node, End):
+                    output = run.result.output if run.result is not None else node.data
+                    return True, run.all_messages()[len(history):], output
+                if isinstance(node, ModelRequestNode) and self.response is not None:
+                    # The tools answered; the next request (their results) is the next step's to send.
+                    return False, [*run.all_messages()[len(history):], node.request], None
+
+    def name(self) -> str:
+        return ",".join(str(c["name"]) for c in self.calls) or "answer"
+
+    def text(self) -> str:
+        if self.response is None:
+            return ""
+        return "".join(p.content for p in self.response.parts if isinstance(p, TextPart))
+
+    async def model_request(self, handler: Callable[[], Any], tools: set[str]) -> ModelResponse:
+        """Checkpoint A around the step's one model request; a replay returns the recorded response."""
+        runner = self.runner
+        if self.response is not None:
+            raise TerminalError(f"agent {self.fa.name!r} asked the model twice in step {runner.step}: a fenced step "
+                                "is one model request and its tool calls")
+        if runner.decision is not None:
+            response = ModelMessagesTypeAdapter.validate_python([runner.decision["response"]])[0]
+            if not isinstance(response, ModelResponse):
+                raise TerminalError(f"checkpoint A of step {runner.step} holds no model response: {response!r}")
+            asked = {p.tool_name for p in response.parts if isinstance(p, ToolCallPart)}
+            if not asked <= tools:
+                raise TerminalError(f"checkpoint A of step {runner.step} asks for tool(s) {sorted(asked - tools)} that "
+                                    f"agent {self.fa.name!r} no longer has (version {self.fa.version or '-'}); the "
+                                    "recorded response cannot be replayed")
+            runner.log.info("replaying", tool_calls=len(asked))
+            self.response = response
+            return response
+        runner.log.info("running", phase=runner.run.phase)
+        runner.emit(f"s{runner.step}:start", "step_started", {})
+        runner.boundary()
+        response = await handler()
+        faults.point("after_model_call", runner.run_id)
+        self.response = response
+        runner.add_usage(response.usage.input_tokens, response.usage.output_tokens)
+        calls: list[dict[str, Any]] = [{"id": p.tool_call_id, "name": p.tool_name, "args": p.args_as_dict()}
+                 for p in response.parts if isinstance(p, ToolCallPart)]
+        runner.emit(f"s{runner.step}:decision", "model_decision",
+                    {"name": ",".join(c["name"] for c in calls) or "answer", "text": self.text(), "tool_calls": calls})
+        runner.boundary()  # a holder frozen here meets the fence with its next write
+        runner.write_decided({"response": ModelMessagesTypeAdapter.dump_python([response], mode="json")[0],
+                              "tool_calls": calls})
+        return response
+
+    async def tool(self, call: ToolCallPart, run_tool: Callable[[], Any]) -> Any:
+        """One tool call, inside the run's context: an effect once, a read-only tool every time."""
+        runner, step = self.runner, self.runner.step
+        runner.boundary()
+        call_id = call.tool_call_id
+        args = call.args_as_dict()
+        entry = {"id": call_id, "name": call.tool_name, "args": args}
+        self.calls.append(entry)
+        runner.emit(f"tool:s{step}:{call_id}:start", "tool_started", entry)
+        ctx = context.RunContext(runner.c, step, f"s{step}:{call_id}")
+
+        async def once_run() -> Any:
+            with context.running(ctx):
+                try:
+                    return await run_tool()
+                except Exception as exc:
+                    if _passes_through(exc):
+                        return _Passed(exc)
+                    raise
+
+        def attempt() -> Any:
+            if call.tool_name not in self.fa.effects:
+                return anyio.from_thread.run(once_run)
+            with context.running(ctx):
+                passed: list[_Passed] = []
+
+                def perform(_key: str) -> Any:
+                    value = anyio.from_thread.run(once_run)
+                    if isinstance(value, _Passed):
+                        passed.append(value)
+                        raise value.exc  # nothing recorded: the model is asked again, the effect not done
+                    return to_jsonable_python(value)
+
+                try:
+                    return context.once(call.tool_name, args, perform)
+                except Exception:
+                    if passed:
+                        return passed[0]
+                    raise
+
+        result = await anyio.to_thread.run_sync(runner.with_retries, f"tool {call.tool_name}", attempt)
+        if isinstance(result, _Passed):
+            raise result.exc
+        runner.emit(f"tool:s{step}:{call_id}:result", "tool_result",
+                    {"id": call_id, "name": call.tool_name, "result": to_jsonable_python(result, fallback=repr)})
+        return result
+
+
+class _FencedCapability(AbstractCapability[Any]):
+    """The hooks that make one `Agent.iter` run a fenced step (a run capability: the agent is not changed)."""
+
+    def __init__(self, step: _Step) -> None:
+        super().__init__()
+        self.step = step
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        return _RetryingModel(model, self.step.runner)
+
+    async def wrap_model_request(self, ctx: Any, *, request_context: Any, handler: Any) -> ModelResponse:
+        params = request_context.model_request_parameters
+        tools = {t.name for t in [*params.function_tools, *params.output_tools]}
+        return await self.step.model_request(lambda: handler(request_context), tools)
+
+    async def wrap_tool_execute(self, ctx: Any, *, call: ToolCallPart, tool_def: Any, args: Any, handler: Any) -> Any:
+        return await self.step.tool(call, lambda: handler(args))
+
+
+class _RetryingModel(WrapperModel):
+    """The agent's model with the runner's retry policy: 429 and 5xx answers and lost connections are retried
+    with backoff inside the step's budget; anything else fails the run."""
+
+    def __init__(self, wrapped: Model, runner: StepRunner) -> None:
+        super().__init__(wrapped)
+        self.runner = runner
+
+    async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
+                      model_request_parameters: ModelRequestParameters) -> ModelResponse:
+        inner = super().request
+        active = context.current()
+
+        async def once() -> ModelResponse:
+            with context.running(active):
+                try:
+                    return await inner(messages, model_settings, model_request_parameters)
+                except ModelHTTPError as exc:
+                    if exc.status_code == 429 or exc.status_code >= 500:
+                        raise TransientError(f"model answered {exc.status_code}: {exc}") from exc
+                    raise TerminalError(f"model refused the request ({exc.status_code}): {exc}") from exc
+                except ModelAPIError as exc:
+                    raise TransientError(f"model unreachable: {exc}") from exc
+
+        response: ModelResponse = await anyio.to_thread.run_sync(
+            self.runner.with_retries, "model", lambda: anyio.from_thread.run(once))
+        return response

@@ -1,0 +1,183 @@
+"""A pydantic-ai agent wrapped for fenced (tests/apps/pai_agent.py) on real workers: to done, under kill -9
+of the holder mid-step, under a freeze past its lease, and parked on a question until a person replies."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from checkpoints import ledger, runs
+from fencing import events, faults
+from fencing.connection import get_redis
+from harness.verdict import check_run
+from tasks.control import reply_to_run
+from tests.apps.pai_agent import charges_key, model_calls_key, pai_approve, pai_shop, pai_short
+from tests.workers_fixture import wait_for, wait_terminal
+
+IMPORTS = {"FENCED_IMPORTS": "examples.shopping,tests.apps.pai_agent"}
+
+
+def model_calls(run_id: str) -> dict[int, int]:
+    return {int(k): int(v) for k, v in get_redis().hgetall(model_calls_key(run_id)).items()}
+
+
+def charges(run_id: str) -> int:
+    return int(get_redis().get(charges_key(run_id)) or 0)
+
+
+def assert_promise(run_id: str) -> runs.Run:
+    """Done, settled once, the effect once, each step's tools shown once in the live view."""
+    run = runs.get_run(run_id)
+    assert run is not None and run.state == "done", (run and run.state, run and run.error)
+    assert run.answer == "Bought a desk lamp for 25.99."
+    v = check_run(run_id)
+    assert v.ok, v.failures
+    assert charges(run_id) == 1, "the effect tool ran exactly once"
+    view = events.live_view(events.read(run_id))
+    shown = [(e.step, e.data["name"]) for e in view if e.type == "tool_started"]
+    assert len(shown) == len(set(shown)), f"a tool is shown twice: {shown}"
+    assert {name for _, name in shown} >= {"lookup", "charge"}
+    return run
+
+
+def test_a_wrapped_agent_runs_to_done(workers):
+    workers.start("w1", **IMPORTS)
+    run_id = pai_shop.submit("u1", "buy a desk lamp")
+    wait_terminal([run_id], timeout=40)
+    run = assert_promise(run_id)
+    assert run.agent == "pai_shop" and run.agent_version == "1"
+    assert model_calls(run_id) == {0: 1, 1: 1, 2: 1}, "one model request per step"
+    assert run.model_calls == 3 and run.prompt_tokens > 0
+    # The checkpoint is pydantic-ai's own message history: request, response, tool returns ... answer.
+    from agents.pydantic_ai import messages_of
+
+    messages = messages_of(run.checkpoint["history"])
+    assert [type(m).__name__ for m in messages] == ["ModelRequest", "ModelResponse"] * 3
+    assert [h["name"] for h in run.checkpoint["history"]] == ["lookup", "charge", "answer"]
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("point", ["after_model_call", "after_tools"])
+def test_kill_9_of_the_holder_mid_step(workers, point):
+    """Step 0 charges ([pay-first]); its holder is SIGKILLed after the model answered (before checkpoint A:
+    that call is lost and made again) or after the charge ran (after A: replayed, neither paid nor charged
+    again)."""
+    workers.start("a", **IMPORTS)
+    workers.start("b", **IMPORTS)
+    faults.arm(point)
+    run_id = pai_shop.submit("u1", "[pay-first] buy a desk lamp")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id, hit
+    workers.by_pid(hit[2]).kill(signal.SIGKILL)
+    wait_terminal([run_id], timeout=40)
+    run = assert_promise(run_id)
+    resumed = [e for e in events.read(run_id) if e.type == "task_resumed"]
+    assert len(resumed) == 1 and resumed[0].data["phase"] == ("none" if point == "after_model_call" else "decided")
+    lost = 1 if point == "after_model_call" else 0
+    assert model_calls(run_id) == {0: 1 + lost, 1: 1, 2: 1}, "the model is paid once per checkpointed step"
+    assert run.model_calls == 3, "the user is billed for three calls"
+
+
+@pytest.mark.chaos
+def test_a_frozen_holder_is_fenced_out(workers):
+    """The holder freezes (SIGSTOP) after the charge ran, past its lease; b takes over from checkpoint A and
+    finishes; woken, the zombie's checkpoint write is refused and nothing is charged twice."""
+    a = workers.start("a", **IMPORTS)
+    faults.arm("after_tools", action="stop")
+    run_id = pai_shop.submit("u1", "[pay-first] buy a desk lamp")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id and workers.by_pid(hit[2]) is a, hit
+    workers.start("b", **IMPORTS)
+    try:
+        wait_terminal([run_id], timeout=40)
+    finally:
+        a.kill(signal.SIGCONT)
+    a_tokens = {e.actor for e in ledger.history(run_id) if e.kind in ("claimed", "takeover")
+                and e.actor.split(":")[1] == str(a.pid)}
+    wait_for(lambda: any(e.kind == "fence_rejected" and e.actor in a_tokens for e in ledger.history(run_id)),
+             15, "the zombie's refused write")
+    done = [e for e in ledger.history(run_id) if e.kind == "done"]
+    assert len(done) == 1 and done[0].actor not in a_tokens, "the outcome is the new holder's"
+    assert_promise(run_id)
+    assert model_calls(run_id) == {0: 1, 1: 1, 2: 1}
+
+
+def test_a_tool_that_asks_parks_the_run_until_the_reply(workers):
+    workers.start("w1", **IMPORTS)
+    run_id = pai_shop.submit("u1", "[ask] buy a desk lamp")
+    run = wait_for(lambda: (r := runs.get_run(run_id)) and r.state == "waiting" and r, 30, "the run to wait")
+    assert run.error == "Which size?"
+    reply_to_run(run_id, "large", "u1")
+    wait_terminal([run_id], timeout=40)
+    run = assert_promise(run_id)
+    from agents.pydantic_ai import messages_of
+
+    returns = [p.content for m in messages_of(run.checkpoint["history"]) for p in getattr(m, "parts", [])
+               if type(p).__name__ == "ToolReturnPart" and p.tool_name == "ask_size"]
+    assert returns == ["large"], "the reply is the tool's result"
+    assert model_calls(run_id) == {0: 1, 1: 1, 2: 1, 3: 1}, "the parked step's response was replayed, not paid again"
+
+
+def test_a_replay_naming_a_tool_the_agent_no_longer_has_is_refused(workers):
+    """Checkpoint A of step 0 asks for `charge`; the holder dies before the charge; the worker that takes
+    over runs a version of the agent without that tool: the run fails with a clear terminal error."""
+    workers.start("old", **IMPORTS)
+    faults.arm("before_effect")  # hangs after checkpoint A, before the charge
+    run_id = pai_shop.submit("u1", "[pay-first] buy a desk lamp")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id, hit
+    workers.by_pid(hit[2]).kill(signal.SIGKILL)
+    workers.start("new", **IMPORTS, PAI_DROP_CHARGE="1")
+    [run] = wait_terminal([run_id], timeout=40)
+    assert (run.state, run.error_class) == ("failed", "terminal")
+    assert "['charge'] that agent 'pai_shop' no longer has" in (run.error or "")
+    assert charges(run_id) == 0
+
+
+def test_deferred_tools_fail_the_run_clearly(workers):
+    workers.start("w1", **IMPORTS)
+    run_id = pai_approve.submit("u1", "delete my account")
+    [run] = wait_terminal([run_id], timeout=30)
+    assert (run.state, run.error_class) == ("failed", "terminal")
+    assert "deferred tool calls ['delete_account']" in (run.error or "")
+    assert run.model_calls == 1, "the one paid request is billed"
+
+
+def test_max_steps_stops_a_run_that_has_not_answered(workers):
+    workers.start("w1", **IMPORTS)
+    run_id = pai_short.submit("u1", "buy a desk lamp")
+    [run] = wait_terminal([run_id], timeout=30)
+    assert (run.state, run.error_class) == ("failed", "max_steps"), (run.state, run.error)
+    assert model_calls(run_id) == {0: 1} and charges(run_id) == 0, "step 1 (the charge) never ran"
+
+
+def test_effects_must_name_tools_of_the_agent():
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+
+    from agents.pydantic_ai import FencedAgent
+
+    agent = Agent(TestModel(), name="pai_check")
+
+    @agent.tool_plain
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    with pytest.raises(ValueError, match=r"effects: \['refnud'\] are not tools of agent 'pai_check'"):
+        FencedAgent(agent, effects={"refnud"})
+    with pytest.raises(ValueError, match="needs a name"):
+        FencedAgent(Agent(TestModel()))
+    assert FencedAgent(agent, effects={"refund"}).effects == {"refund"}
+
+
+def test_the_core_imports_without_pydantic_ai():
+    """pydantic-ai is an optional extra: `agents` and `fenced` import with it missing."""
+    code = "import sys; sys.modules['pydantic_ai'] = None; import agents, fenced, tasks; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
