@@ -3,16 +3,19 @@
 model call -> checkpoint A (the decision and its usage) -> tools -> checkpoint B (their results), or the
 terminal write when the decision is final. Resuming from checkpoint A replays the recorded decision (no
 model call; read-only tools rerun, effects return their first result); from B, the next model call.
+Before each model call the run is bounded: step `max_steps` fails the run (MaxStepsExceeded), and so
+does a call whose most expensive outcome the run's billing hold cannot cover (BudgetExceeded).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agents.model import AgentContext, Decision, Model
-from fenced_core.errors import TerminalError
+from checkpoints import billing
+from fenced_core.errors import BudgetExceeded, MaxStepsExceeded, TerminalError
 from fencing import faults
 from tasks import context
 
@@ -28,22 +31,59 @@ class Tool:
     fn: Callable[[dict[str, Any]], Any]
     read_only: bool
 
+    def call(self, args: dict[str, Any]) -> Any:
+        return self.fn(args)
+
+
+class LoopTool(Protocol):
+    """What the loop runs for a tool call: `call(args)` inside the run's context (agents.tools.FunctionTool
+    or Tool above); `spec()`, when it has one, is shown to the model."""
+
+    name: str
+
+    @property
+    def read_only(self) -> bool: ...
+
+    def call(self, args: dict[str, Any]) -> Any: ...
+
 
 class AgentLoop:
-    """The step program of an agent: `model` decides, `tools` act. Registered under `name`."""
+    """The step program of an agent: `model` decides, `tools` act. Registered under `name` by its owner.
 
-    def __init__(self, name: str, model: Callable[[], Model] | Model, tools: dict[str, Tool],
-                 version: str = "", tool_delay_s: Callable[[], float] | None = None) -> None:
+    `max_steps` bounds the model calls of a run (None: unbounded); `instructions` and the tools' specs
+    are passed to the model in its AgentContext."""
+
+    def __init__(self, name: str, model: Callable[[], Model] | Model, tools: dict[str, Any],
+                 version: str = "", tool_delay_s: Callable[[], float] | None = None, *,
+                 instructions: str = "", max_steps: int | None = 8) -> None:
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {max_steps!r}")
         self.name = name
-        self.version = version
+        self._version = version
         self._model = model
-        self.tools = tools
+        self.tools: dict[str, LoopTool] = tools
         self._tool_delay_s = tool_delay_s
+        self.instructions = instructions
+        self.max_steps = max_steps
+
+    @property
+    def version(self) -> str:
+        """The version of the tool set this loop runs ("" = not checked)."""
+        return self._version
+
+    @version.setter
+    def version(self, value: str) -> None:
+        self._version = value
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """The tools as the model is shown them (tools without a `spec()` are not described)."""
+        return [t.spec() for t in self.tools.values() if callable(getattr(t, "spec", None))]  # type: ignore[attr-defined]
 
     def model(self) -> Model:
+        """The model: the object given, or what the factory given returns (called once per step)."""
         if hasattr(self._model, "decide"):
-            return self._model  # type: ignore[return-value]
-        return self._model()  # type: ignore[operator]
+            return self._model
+        return self._model()
 
     def run_step(self, runner: StepRunner) -> Outcome:
         decision = self._decide(runner)
@@ -56,21 +96,15 @@ class AgentLoop:
 
     def _decide(self, runner: StepRunner) -> Decision:
         if runner.decision is not None:
-            decision = Decision.from_dict(runner.decision)
-            unknown = sorted({c.name for c in decision.tool_calls} - set(self.tools))
-            if unknown:
-                raise TerminalError(f"checkpoint A of step {runner.step} asks for tool(s) {unknown} that agent "
-                                    f"{self.name!r} no longer has (version {self.version or '-'}); the recorded "
-                                    "decision cannot be replayed")
-            runner.log.info("replaying", decision=decision.name, tool_calls=len(decision.tool_calls))
-            return decision
+            return self._replayed(runner, Decision.from_dict(runner.decision))
         runner.log.info("running", phase=runner.run.phase)
+        model = self.model()
+        self._bound(runner, model)
         runner.emit(f"s{runner.step}:start", "step_started", {})
         runner.boundary()
         run = runner.run
         ctx = AgentContext(runner.run_id, run.query, run.kind, runner.step, runner.history, runner.replies(),
-                           runner.c.epoch)
-        model = self.model()
+                           runner.c.epoch, self.instructions, self.tool_specs())
         decision: Decision = runner.with_retries("model", lambda: model.decide(ctx))
         faults.point("after_model_call", runner.run_id)
         runner.add_usage(decision.prompt_tokens, decision.completion_tokens)
@@ -83,6 +117,39 @@ class AgentLoop:
         runner.boundary()
         runner.write_decided(decision.to_dict())
         return decision
+
+    def _replayed(self, runner: StepRunner, decision: Decision) -> Decision:
+        """Checkpoint A's decision, to run again without a model call; refused (TerminalError) when it
+        names a tool this agent no longer has: the run fails rather than guess."""
+        unknown = sorted({c.name for c in decision.tool_calls} - set(self.tools))
+        if unknown:
+            raise TerminalError(f"checkpoint A of step {runner.step} asks for tool(s) {unknown} that agent "
+                                f"{self.name!r} no longer has (version {self.version or '-'}); the recorded "
+                                "decision cannot be replayed")
+        if runner.run.agent_version and runner.run.agent_version != self.version:
+            runner.log.info("replaying_on_another_version", submitted=runner.run.agent_version, running=self.version)
+        runner.log.info("replaying", decision=decision.name, tool_calls=len(decision.tool_calls))
+        return decision
+
+    def _bound(self, runner: StepRunner, model: Model) -> None:
+        """Refuse the model call a runaway run would make: past max_steps, or over the billing hold.
+
+        The estimate is the call's most expensive outcome: the usage recorded so far plus the model's
+        `max_tokens` (0 when it has none: then only a run whose usage already exceeds its hold stops).
+        Raised before the call, so nothing is paid for it; the runner fails the run and settles the
+        recorded usage, capped at the hold."""
+        if self.max_steps is not None and runner.step >= self.max_steps:
+            raise MaxStepsExceeded(f"agent {self.name!r} took its max_steps={self.max_steps} steps without a final "
+                                   "answer; no further model call was made")
+        held = billing.hold_credits(runner.run.kind)
+        estimate = max(0, int(getattr(model, "max_tokens", 0) or 0))
+        used = runner.usage
+        worst = billing.credits_for(used.prompt_tokens, used.completion_tokens + estimate, 2**62)
+        if worst > held:
+            total = used.prompt_tokens + used.completion_tokens
+            raise BudgetExceeded(f"step {runner.step}: the model call was not started: {total} tokens used so far "
+                                 f"plus up to {estimate} for this call "
+                                 f"could cost {worst} credits, over the run's hold of {held}")
 
     def _run_tools(self, runner: StepRunner, decision: Decision) -> dict[str, Any]:
         results: dict[str, Any] = {}
@@ -98,7 +165,7 @@ class AgentLoop:
                                                                    "result": results[call.id]})
         return results
 
-    def _call(self, runner: StepRunner, tool: Tool, call_id: str, args: dict[str, Any]) -> Any:
+    def _call(self, runner: StepRunner, tool: LoopTool, call_id: str, args: dict[str, Any]) -> Any:
         if self._tool_delay_s is not None:
             delay = self._tool_delay_s()
             if delay:
@@ -106,4 +173,4 @@ class AgentLoop:
 
                 time.sleep(delay)  # the demo's tools answer at once; real ones take time
         with context.running(context.RunContext(runner.c, runner.step, call_id)):
-            return tool.fn(args)
+            return tool.call(args)

@@ -1,4 +1,17 @@
-"""The model interface the runtime talks to: one call per step returns a Decision."""
+"""The model seam: a model is any object with `decide(ctx: AgentContext) -> Decision`, one call per step.
+
+The agent loop calls `decide` once per step, before checkpoint A. What it must do:
+- read only `ctx` (the request, the agent's instructions and tool schemas, every finished step with its
+  tool results, a person's replies): it is all the run's state there is;
+- return a Decision: tool calls to run (each with a fresh id), or `final=True` with the answer, and the
+  call's token usage (what the user is billed for);
+- raise TransientError for a failure worth retrying (timeout, 429, 5xx), TerminalError (or anything else)
+  when retrying cannot help.
+Under a crash or a takeover before checkpoint A, `decide` is called again for the same step by the new
+holder (the lost call is the platform's cost); after checkpoint A it is never called again for that
+step: the recorded decision is replayed. An optional `max_tokens` attribute is the most a call can
+use; the loop holds it against the run's billing hold before each call (agents.loop).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +21,8 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One tool call a model asked for; `id` is unique in the run (a replay reuses the recorded one)."""
+
     id: str
     name: str
     args: dict[str, Any]
@@ -45,9 +60,13 @@ class AgentContext:
     history: list[dict[str, Any]]
     replies: list[dict[str, Any]] = field(default_factory=list)  # a person's answers: question, reply
     epoch: int = 0  # the holder's epoch: lets a test model count its paid calls per holder (fencing.metering)
+    instructions: str = ""  # the agent's instructions (a system prompt); "" for programs that have none
+    # The tools the model may call: {"name", "description", "parameters" (a JSON schema)} each.
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Model(Protocol):
-    """A model provider. Raise TransientError for retryable failures, TerminalError otherwise."""
+    """A model provider (see the module docstring). Raise TransientError for retryable failures,
+    TerminalError otherwise. Called again after a crash before checkpoint A, never after it."""
 
     def decide(self, ctx: AgentContext) -> Decision: ...

@@ -251,8 +251,10 @@ def _effects_recorded(ids: list[str]) -> list[Violation]:
                    run_ledger.c.kind.in_(("effect_created", "effect_reused", "effect_renewed")))))
     out = []
     for run_id in sorted(actions):
+        # A call whose arguments failed validation never reached the effect (agents.tools): not a result of it.
         results = {(ev.epoch, ev.eid) for ev in events.read(run_id)
-                   if ev.type == "tool_result" and ev.data.get("name") in actions[run_id]}
+                   if ev.type == "tool_result" and ev.data.get("name") in actions[run_id]
+                   and not (isinstance(ev.data.get("result"), dict) and "invalid_arguments" in ev.data["result"])}
         shown = Counter(epoch for epoch, _eid in results)
         for epoch, n in sorted(shown.items()):
             if recorded[(run_id, epoch)] < n:
