@@ -33,7 +33,8 @@ class Agent(AgentLoop):
         if version is not None and not 0 < len(version) <= 32:
             raise ValueError(f"an agent version must be 1 to 32 characters, not {version!r}")
         self._fixed_version = version
-        self._add(ask_user_tool())
+        self._builtin_ask = ask_user_tool()
+        self._add(self._builtin_ask)
         for t in tools:
             self._add(as_tool(t))
         programs.register(self)
@@ -68,7 +69,9 @@ class Agent(AgentLoop):
         return submit_run(user_id, input, kind, key, agent=self.name, agent_version=self.version)
 
     def _add(self, t: FunctionTool) -> FunctionTool:
-        if t.name in self.tools and self.tools[t.name] is not t:
+        old = self.tools.get(t.name)
+        # The built-in ask_user may be replaced by the agent's own; any other name is taken once.
+        if old is not None and old is not t and old is not self._builtin_ask:
             raise ValueError(f"agent {self.name!r} has a tool named {t.name!r} already")
         actions = {getattr(o, "action", None) for o in self.tools.values()} - {None}
         if t.action is not None and t.action in actions and self.tools.get(t.name) is not t:

@@ -93,6 +93,15 @@ def test_version_is_a_digest_of_the_tool_set_and_agents_register():
     with pytest.raises(ValueError, match="already"):
         two.effect("send", name="other_send")(lambda ctx, to: to)
     assert isinstance(b, FunctionTool) and b.kind == "effect" and not b.read_only and b.takes_ctx
+    with pytest.raises(ValueError, match="a tool named 'a' already"):
+        two.tool(name="a")(lambda x: x)
+
+    @tool(name="ask_user")
+    def own_ask(question: str, urgent: bool = False) -> str:
+        """Ask, maybe urgently."""
+        return question
+
+    assert Agent("api-test-four", model=support_agent.SupportModel(), tools=[own_ask]).tools["ask_user"] is own_ask
 
 
 # -- the OpenAI-compatible adapter against a local stand-in for the provider -----------------------
