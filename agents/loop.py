@@ -86,6 +86,9 @@ class AgentLoop:
         return self._model()
 
     def run_step(self, runner: StepRunner) -> Outcome:
+        """One step of a claimed run: decide (or replay checkpoint A), run the tools, then checkpoint B or
+        the terminal write. Every write is fenced by the runner's claim: a holder taken over stops at its
+        next boundary or write, and the step runs again, from its last checkpoint, on the new holder."""
         decision = self._decide(runner)
         results = self._run_tools(runner, decision)
         record = {"step": runner.step, "name": decision.name, "text": decision.text,

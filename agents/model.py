@@ -30,7 +30,10 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Decision:
-    """What one model call decided: text, the tool calls to run, or the final answer."""
+    """What one model call decided: text, the tool calls to run, or the final answer.
+
+    Recorded at checkpoint A with its usage: a resume after a crash or takeover replays it as it was (the
+    same tool call ids, so effects and questions find their first records) and never bills it twice."""
 
     name: str  # the step's name (planner, item_search, ...): replay checks it matches
     text: str
@@ -51,7 +54,9 @@ class Decision:
 
 @dataclass(frozen=True)
 class AgentContext:
-    """What the model sees: the user's request and every finished step (with tool results)."""
+    """What the model sees: the user's request, the agent's instructions and tools, and every finished step
+    (with tool results). Built from the run's checkpoint alone, so the next holder after a crash or a
+    takeover builds the same context for the same step."""
 
     run_id: str
     query: str

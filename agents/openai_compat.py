@@ -45,6 +45,7 @@ class OpenAICompatible:
         return f"OpenAICompatible(model={self.model!r}, base_url={self.base_url!r})"
 
     def client(self) -> httpx.Client:
+        """One HTTP client per model object, made on first use (in the worker, not at import)."""
         with self._lock:
             if self._client is None:
                 headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -64,6 +64,7 @@ class FunctionTool:
 
     @property
     def read_only(self) -> bool:
+        """True for a plain tool: it may run again on any replay of its step."""
         return self.kind == "tool"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
