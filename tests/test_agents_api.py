@@ -24,7 +24,7 @@ from fenced_core.errors import TerminalError, TransientError
 from fencing import events, faults
 from fencing.connection import get_redis
 from harness.verdict import check_run
-from tasks import programs
+from tasks import control, programs
 from tests.apps import support_agent
 from tests.workers_fixture import wait_for, wait_terminal
 
@@ -206,6 +206,20 @@ def test_the_model_fixes_its_own_bad_call(workers):
     first = history[1]["results"][history[1]["tool_calls"][0]["id"]]
     assert first["invalid_arguments"][0]["field"] == "cents", first
     assert [h["name"] for h in history] == ["lookup", "refund", "refund", "answer"]
+
+
+def test_ask_user_is_built_in_and_parks_the_run(workers):
+    workers.start("w1", **IMPORTS)
+    run_id = support_agent.support.submit(user_id="u42", input="refund my order [ask]")
+    wait_for(lambda: runs.get_run(run_id).state == "waiting", 20, "the run to wait on the person")
+    assert refunds(run_id) == 0
+    control.reply_to_run(run_id, "C-3003", by="test")
+    wait_terminal([run_id], timeout=30)
+    assert_done_once(run_id)
+    run = runs.get_run(run_id)
+    assert run.answer.startswith("Refunded") and "order C-3003" in run.answer
+    assert run.checkpoint["history"][0]["results"] == {run.checkpoint["history"][0]["tool_calls"][0]["id"]:
+                                                       {"reply": "C-3003"}}
 
 
 def _kill_holder(workers, point: str) -> str:

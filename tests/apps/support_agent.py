@@ -38,7 +38,8 @@ def _results(ctx: AgentContext, tool: str) -> list[Any]:
 class SupportModel:
     """Plays the support assistant. Counts each call as paid (the history checker holds the runtime's
     records against it). A query with "[badargs]" makes the first refund call with a bad amount, which
-    the tool's validation sends back; the model then fixes its call."""
+    the tool's validation sends back; the model then fixes its call. With "[ask]" it first asks the
+    person which order (the built-in ask_user) and refunds the one they name."""
 
     max_tokens = 200
 
@@ -48,7 +49,10 @@ class SupportModel:
         time.sleep(int(os.environ.get("SUPPORT_STEP_MS", "0")) / 1000)
         count_paid_call(ctx.run_id, ctx.epoch, ctx.step)
         usage = {"prompt_tokens": TOKENS[0], "completion_tokens": TOKENS[1]}
-        order_id = (re.findall(r"[A-Z]-\d+", ctx.query) or ["A-1001"])[0]
+        replies = _results(ctx, "ask_user")
+        if "[ask]" in ctx.query and not replies:
+            return Decision("ask", "Which order?", [_call("ask_user", question="Which order do you mean?")], **usage)
+        order_id = replies[-1]["reply"] if replies else (re.findall(r"[A-Z]-\d+", ctx.query) or ["A-1001"])[0]
         orders = _results(ctx, "lookup_order")
         refunds = _results(ctx, "refund")
         if not orders:
