@@ -48,7 +48,7 @@ class SupportModel:
             raise TerminalError("the model was not shown the agent's instructions and tools")
         time.sleep(int(os.environ.get("SUPPORT_STEP_MS", "0")) / 1000)
         count_paid_call(ctx.run_id, ctx.epoch, ctx.step)
-        usage = {"prompt_tokens": TOKENS[0], "completion_tokens": TOKENS[1]}
+        usage: dict[str, Any] = {"prompt_tokens": TOKENS[0], "completion_tokens": TOKENS[1]}
         replies = _results(ctx, "ask_user")
         if "[ask]" in ctx.query and not replies:
             return Decision("ask", "Which order?", [_call("ask_user", question="Which order do you mean?")], **usage)
