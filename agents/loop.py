@@ -137,8 +137,9 @@ class AgentLoop:
     def _bound(self, runner: StepRunner, model: Model) -> None:
         """Refuse the model call a runaway run would make: past max_steps, or over the billing hold.
 
-        The estimate is the call's most expensive outcome: the usage recorded so far plus the model's
-        `max_tokens` (0 when it has none: then only a run whose usage already exceeds its hold stops).
+        The estimate is the call's most expensive outcome: the usage recorded so far (since its hold was
+        reopened, for a replayed dead letter) plus the model's `max_tokens` (0 when it has none: then only
+        a run whose usage already exceeds its hold stops), priced as the settlement prices it.
         Raised before the call, so nothing is paid for it; the runner fails the run and settles the
         recorded usage, capped at the hold."""
         if self.max_steps is not None and runner.step >= self.max_steps:
@@ -146,13 +147,18 @@ class AgentLoop:
                                    "answer; no further model call was made")
         held = billing.hold_credits(runner.run.kind)
         estimate = max(0, int(getattr(model, "max_tokens", 0) or 0))
-        used = runner.usage
-        worst = billing.credits_for(used.prompt_tokens, used.completion_tokens + estimate, 2**62)
+        total = runner.usage.prompt_tokens + runner.usage.completion_tokens
+        worst = billing.credits_for(total + estimate, 0, 2**62)
         if worst > held:
-            total = used.prompt_tokens + used.completion_tokens
+            # Only now is the hold row read (no extra round trip on the hot path): a dead letter replayed
+            # after its hold closed has a fresh hold that covers only the tokens used since.
+            for hold in billing.holds_for(runner.run_id)[:1]:
+                held = int(hold["credits_held"])
+                worst = billing.credits_for(max(total - int(hold["tokens_settled_before"]), 0) + estimate, 0, 2**62)
+        if worst > held:
             raise BudgetExceeded(f"step {runner.step}: the model call was not started: {total} tokens used so far "
-                                 f"plus up to {estimate} for this call "
-                                 f"could cost {worst} credits, over the run's hold of {held}")
+                                 f"plus up to {estimate} for this call could cost {worst} credits, over the run's "
+                                 f"hold of {held}")
 
     def _run_tools(self, runner: StepRunner, decision: Decision) -> dict[str, Any]:
         results: dict[str, Any] = {}

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,14 +18,15 @@ import sqlalchemy as sa
 from agents import Agent, FunctionTool, InvalidArguments, effect, tool
 from agents.model import AgentContext
 from agents.openai_compat import OpenAICompatible
-from checkpoints import billing, ledger, runs
-from checkpoints.db import transaction
+from checkpoints import billing, ledger, lifecycle, runs
+from checkpoints.db import in_txn, transaction
 from checkpoints.schema import effects
-from fenced_core.errors import TerminalError, TransientError
+from fenced_core.errors import BudgetExceeded, TerminalError, TransientError
 from fencing import events, faults
 from fencing.connection import get_redis
 from harness.verdict import check_run
 from tasks import control, programs
+from tasks.control import replay_dead_letter
 from tests.apps import support_agent
 from tests.workers_fixture import wait_for, wait_terminal
 
@@ -306,3 +308,23 @@ def test_runaway_agents_stop_at_max_steps_and_at_their_hold(workers):
         [final] = [e for e in ledger.history(run_id) if e.kind == "failed"]
         assert why in final.reason and final.detail["charge"] <= held, final
         assert [e.type for e in events.read(run_id)][-1] == "run_failed"
+
+
+def test_the_budget_counts_only_the_usage_a_reopened_hold_covers(mysql_store):
+    """A dead letter replayed after its hold was settled gets a fresh hold for the tokens used since: the
+    check holds the call against that, not against everything the run ever used."""
+    run_id = runs.new_run_id()
+    in_txn(runs.create_run_txn, run_id, "u9", "normal", "spend", "test", "spender", "")
+    c = runs.claim(runs.get_run(run_id), "w/1")
+    runs.write_decided(c, 0, {"decision": {}}, runs.Usage(2400, 800, 1), "")
+    runs.dead_letter(c, "poison", {})
+    in_txn(lifecycle.close_stale_holds_txn, runs.now_ms() + 10**9, "sweeper")  # settled: 16 credits
+    runner = SimpleNamespace(step=1, run_id=run_id, run=runs.get_run(run_id), usage=runs.Usage(2400, 800, 1))
+    # 3200 tokens used + up to 1500 = 24 credits > 20: refused while the closed hold is the run's only one.
+    with pytest.raises(BudgetExceeded, match="could cost 24 credits"):
+        support_agent.spender._bound(runner, support_agent.HungryModel())
+    replay_dead_letter(run_id, "ops")  # a fresh hold of 20 for the usage from here on
+    support_agent.spender._bound(runner, support_agent.HungryModel())
+    runner.usage = runs.Usage(2400 + 2000, 800 + 600, 3)  # 2600 tokens since the replay + 1500 = 21 credits
+    with pytest.raises(BudgetExceeded, match="could cost 21 credits"):
+        support_agent.spender._bound(runner, support_agent.HungryModel())
