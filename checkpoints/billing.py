@@ -12,25 +12,23 @@ account, the earlier charge kept on record (`credits_charged_before`) and the to
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from checkpoints import accounts, ledger
-from checkpoints.schema import run_checkpoints, run_holds
+from checkpoints.db import transaction
+from checkpoints.schema import run_holds
 from fenced_core.settings import get_settings
 
 _h = run_holds.c
-_r = run_checkpoints.c
 
 
-class Closed(NamedTuple):
-    """A hold the sweeper closed: `outcome` is "released" (never run) or "settled" (dead, never replayed)."""
-
-    run_id: str
-    user_id: str
-    outcome: str
+def holds_for(run_id: str) -> list[dict[str, Any]]:
+    """A run's billing hold rows as stored (one is expected), as plain dicts."""
+    with transaction(readonly=True) as conn:
+        return [dict(r) for r in conn.execute(sa.select(run_holds).where(_h.run_id == run_id)).mappings().all()]
 
 
 def hold_credits(kind: str) -> int:
@@ -149,57 +147,3 @@ def _account_txn(conn: Connection, run_id: str, epoch: int, actor: str, user_id:
         ledger.record_txn(conn, run_id, epoch, actor, "account_mismatch",
                           f"account of {user_id!r} does not carry this hold of {held} credits; left unchanged",
                           {"held": held, "charge": charge})
-
-
-def expire_holds_txn(conn: Connection, now_ms: int, actor: str, limit: int = 100) -> list[str]:
-    """Close holds nobody else will (see close_stale_holds_txn); returns their run ids."""
-    return [c.run_id for c in close_stale_holds_txn(conn, now_ms, actor, limit)]
-
-
-def close_stale_holds_txn(conn: Connection, now_ms: int, actor: str, limit: int = 100) -> list[Closed]:
-    """Release holds past expiry whose run was never claimed (such a run fails as expired), and settle
-    what was used on holds of runs dead for longer than the hold expiry (a replay never came)."""
-    return _expire_unclaimed_txn(conn, now_ms, actor, limit) + _settle_dead_txn(conn, now_ms, actor, limit)
-
-
-def _expire_unclaimed_txn(conn: Connection, now_ms: int, actor: str, limit: int) -> list[Closed]:
-    rows = conn.execute(
-        sa.select(_h.run_id, _h.user_id)
-        .join(run_checkpoints, _r.run_id == _h.run_id)
-        .where(_h.state == "held", _h.expires_at_ms <= now_ms, _r.state == "queued", _r.epoch == 0)
-        .limit(limit)
-    ).all()
-    closed = []
-    for run_id, user_id in rows:
-        claimed = conn.execute(run_checkpoints.update().where(
-            _r.run_id == run_id, _r.epoch == 0, _r.state == "queued",
-        ).values(state="failed", error_class="expired", error="no worker picked the run up before its hold expired",
-                 updated_at_ms=now_ms, finished_at_ms=now_ms)).rowcount
-        if not claimed:
-            continue
-        release_txn(conn, run_id, 0, actor, "hold expired before any worker ran the run", now_ms)
-        closed.append(Closed(run_id, user_id, "released"))
-    return closed
-
-
-def _settle_dead_txn(conn: Connection, now_ms: int, actor: str, limit: int) -> list[Closed]:
-    dead_before = now_ms - get_settings().hold_expiry_s * 1000
-    rows = conn.execute(
-        sa.select(_h.run_id)
-        .join(run_checkpoints, _r.run_id == _h.run_id)
-        .where(_h.state == "held", _r.state == "dead", _r.finished_at_ms <= dead_before)
-        .limit(limit)
-    ).scalars().all()
-    closed = []
-    for run_id in rows:
-        # Locked and read again: a replay that revives the run in between must win, not be settled.
-        run = conn.execute(sa.select(_r.user_id, _r.epoch, _r.state, _r.finished_at_ms, _r.prompt_tokens,
-                                     _r.completion_tokens)
-                           .where(_r.run_id == run_id).with_for_update()).first()
-        if run is None or run.state != "dead" or (run.finished_at_ms or now_ms) > dead_before:
-            continue
-        charge = settle_txn(conn, run_id, run.epoch, actor, int(run.prompt_tokens), int(run.completion_tokens),
-                            now_ms, why=f"dead for over {get_settings().hold_expiry_s} s and never replayed")
-        if charge is not None:
-            closed.append(Closed(run_id, run.user_id, "settled"))
-    return closed

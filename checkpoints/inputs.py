@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 
 from checkpoints import ledger
 from checkpoints.db import in_txn, transaction
-from checkpoints.runs import Claim, fenced_update_txn, now_ms
+from checkpoints.runs import Claim, change_state_txn, fenced_update_txn, now_ms
 from checkpoints.schema import run_checkpoints, run_inputs
 from fenced_core.errors import InvalidRequest
 
@@ -73,13 +73,12 @@ def _reply_txn(conn: Connection, run_id: str, text: str, by: str, user_id: str |
     conn.execute(run_inputs.update().where(run_inputs.c.id == pending["id"])
                  .values(reply=text, replied_at_ms=now, replied_by=by))
     # Answering is no failed delivery: the crash budget of the step starts afresh.
-    values: dict[str, Any] = {"state": "queued", "error_class": None, "error": None, "deliveries": 0,
+    values: dict[str, Any] = {"error_class": None, "error": None, "deliveries": 0,
                               "updated_at_ms": now}
     if pending["kind"] == "fixable":
         # The failed decision cannot be replayed as is: the model decides again, with the reply.
         values["phase"] = "done"
-    conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
-                                                run_checkpoints.c.state == "waiting").values(**values))
+    change_state_txn(conn, run_id, "waiting", "queued", at_epoch=run.epoch, what="reply", **values)
     ledger.record_txn(conn, run_id, run.epoch, by, "replied",
                       f"reply to {pending['kind']} {pending['tool_call_id']} (turn {pending['turn']}); run queued")
     return run.step, _input({**pending, "reply": text, "replied_at_ms": now})
@@ -105,10 +104,7 @@ def requeue_answered_txn(conn: Connection, actor: str, limit: int = 100) -> list
     found = []
     for run_id, epoch, step in rows:
         # updated_at_ms is left alone: the run is overdue already, and the same sweep wakes it.
-        moved = conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
-                                                            run_checkpoints.c.state == "waiting",
-                                                            run_checkpoints.c.epoch == epoch)
-                             .values(state="queued", deliveries=0)).rowcount
+        moved = change_state_txn(conn, run_id, "waiting", "queued", at_epoch=epoch, what="requeue", deliveries=0)
         if moved:
             ledger.record_txn(conn, run_id, epoch, actor, "requeued",
                               f"waiting at step {step} with every question answered: queued again")

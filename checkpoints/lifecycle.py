@@ -1,20 +1,24 @@
-"""Transitions people ask for: cancel a run, replay a dead letter. Each is one transaction."""
+"""Run changes outside a holder: cancel, replay a dead letter, and the sweeper's closing of stale holds.
+
+Each is one transaction; every state change in it goes through checkpoints.runs.change_state_txn.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from checkpoints import billing, ledger
 from checkpoints.db import in_txn, transaction
-from checkpoints.runs import now_ms
-from checkpoints.schema import TERMINAL_STATES, dead_letters, run_checkpoints
+from checkpoints.runs import change_state_txn, now_ms
+from checkpoints.schema import TERMINAL_STATES, dead_letters, run_checkpoints, run_holds
 from fenced_core.errors import InvalidRequest, RunNotFound
+from fenced_core.settings import get_settings
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,9 @@ def _cancel_txn(conn: Connection, run_id: str, by: str, user_id: str | None = No
     epoch = row["epoch"] + 1
     if before_commit is not None:
         before_commit(epoch)
-    updated = conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id,
-                                                          run_checkpoints.c.epoch == row["epoch"])
-                           .values(epoch=epoch, state="cancelled", owner=None, error_class="cancelled",
-                                   error=f"cancelled by {by}", updated_at_ms=now, finished_at_ms=now)).rowcount
+    updated = change_state_txn(conn, run_id, row["state"], "cancelled", at_epoch=row["epoch"], what="cancel",
+                               epoch=epoch, owner=None, error_class="cancelled", error=f"cancelled by {by}",
+                               updated_at_ms=now, finished_at_ms=now)
     if updated != 1:  # the row is locked (FOR UPDATE; SQLite: BEGIN IMMEDIATE): only a broken lock gets here
         raise InvalidRequest(f"run {run_id} changed while it was being cancelled; nothing was cancelled")
     charge = billing.settle_txn(conn, run_id, epoch, by, row["prompt_tokens"], row["completion_tokens"], now)
@@ -129,9 +132,8 @@ def _replay_txn(conn: Connection, run_id: str, by: str) -> int:
     now = now_ms()
     reopened = billing.reopen_hold_txn(conn, run_id, row.user_id, row.kind, row.epoch, by,
                                        int(row.prompt_tokens) + int(row.completion_tokens), now)
-    conn.execute(run_checkpoints.update().where(rc.run_id == run_id, rc.state == "dead")
-                 .values(state="queued", deliveries=0, owner=None, error_class=None, error=None, finished_at_ms=None,
-                         updated_at_ms=now))
+    change_state_txn(conn, run_id, "dead", "queued", at_epoch=row.epoch, what="replay", deliveries=0, owner=None,
+                     error_class=None, error=None, finished_at_ms=None, updated_at_ms=now)
     conn.execute(dead_letters.update().where(dead_letters.c.run_id == run_id)
                  .values(replayed_at_ms=now, replayed_by=by, replays=dead_letters.c.replays + 1))
     hold = f"a fresh hold of {reopened} credits" if reopened is not None else "its open hold"
@@ -139,3 +141,70 @@ def _replay_txn(conn: Connection, run_id: str, by: str) -> int:
                       f"dead letter replayed by {by}: resumes step {row.step} from checkpoint phase '{row.phase}' "
                       f"with a fresh delivery budget, paid by {hold}")
     return int(row.step)
+
+
+# -- the sweeper's closings: holds nobody else will close ------------------------------------------------
+_hc = run_holds.c
+_rc = run_checkpoints.c
+
+
+class Closed(NamedTuple):
+    """A hold the sweeper closed: `outcome` is "released" (never run) or "settled" (dead, never replayed)."""
+
+    run_id: str
+    user_id: str
+    outcome: str
+
+
+def expire_holds_txn(conn: Connection, now_ms: int, actor: str, limit: int = 100) -> list[str]:
+    """Close holds nobody else will (see close_stale_holds_txn); returns their run ids."""
+    return [c.run_id for c in close_stale_holds_txn(conn, now_ms, actor, limit)]
+
+
+def close_stale_holds_txn(conn: Connection, now_ms: int, actor: str, limit: int = 100) -> list[Closed]:
+    """Release holds past expiry whose run was never claimed (such a run fails as expired), and settle
+    what was used on holds of runs dead for longer than the hold expiry (a replay never came)."""
+    return _expire_unclaimed_txn(conn, now_ms, actor, limit) + _settle_dead_txn(conn, now_ms, actor, limit)
+
+
+def _expire_unclaimed_txn(conn: Connection, now_ms: int, actor: str, limit: int) -> list[Closed]:
+    rows = conn.execute(
+        sa.select(_hc.run_id, _hc.user_id)
+        .join(run_checkpoints, _rc.run_id == _hc.run_id)
+        .where(_hc.state == "held", _hc.expires_at_ms <= now_ms, _rc.state == "queued", _rc.epoch == 0)
+        .limit(limit)
+    ).all()
+    closed = []
+    for run_id, user_id in rows:
+        claimed = change_state_txn(
+            conn, run_id, "queued", "failed", at_epoch=0, what="expire", error_class="expired",
+            error="no worker picked the run up before its hold expired", updated_at_ms=now_ms, finished_at_ms=now_ms)
+        if not claimed:
+            continue
+        billing.release_txn(conn, run_id, 0, actor, "hold expired before any worker ran the run", now_ms)
+        closed.append(Closed(run_id, user_id, "released"))
+    return closed
+
+
+def _settle_dead_txn(conn: Connection, now_ms: int, actor: str, limit: int) -> list[Closed]:
+    dead_before = now_ms - get_settings().hold_expiry_s * 1000
+    rows = conn.execute(
+        sa.select(_hc.run_id)
+        .join(run_checkpoints, _rc.run_id == _hc.run_id)
+        .where(_hc.state == "held", _rc.state == "dead", _rc.finished_at_ms <= dead_before)
+        .limit(limit)
+    ).scalars().all()
+    closed = []
+    for run_id in rows:
+        # Locked and read again: a replay that revives the run in between must win, not be settled.
+        run = conn.execute(sa.select(_rc.user_id, _rc.epoch, _rc.state, _rc.finished_at_ms, _rc.prompt_tokens,
+                                     _rc.completion_tokens)
+                           .where(_rc.run_id == run_id).with_for_update()).first()
+        if run is None or run.state != "dead" or (run.finished_at_ms or now_ms) > dead_before:
+            continue
+        why = f"dead for over {get_settings().hold_expiry_s} s and never replayed"
+        charge = billing.settle_txn(conn, run_id, run.epoch, actor, int(run.prompt_tokens),
+                                    int(run.completion_tokens), now_ms, why=why)
+        if charge is not None:
+            closed.append(Closed(run_id, run.user_id, "settled"))
+    return closed

@@ -1,8 +1,8 @@
-"""The run row: create with its hold, load, claim (epoch + 1), and every fenced write after the claim.
+"""The run row: create with its hold, load, claim (epoch + 1), every fenced write, and every state change.
 
 Every write after a claim is `UPDATE ... WHERE run_id = ? AND epoch = ?`; 0 rows raises FencedOut.
 Writes set absolute values (never `x = x + 1`), so a transaction retried after a lost commit reply is
-harmless.
+harmless. A run's state changes only here, through `change_state_txn` and the table TRANSITIONS.
 """
 
 from __future__ import annotations
@@ -22,6 +22,28 @@ from checkpoints import billing, codec, ledger
 from checkpoints.db import db_retry, in_txn, transaction
 from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_steps
 from fenced_core.errors import FencedOut, InvalidRequest
+
+# Every run-row state change there is (DESIGN "States"), each named by the operation that makes it. A
+# change not listed here is refused by change_state_txn before any SQL runs.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    ("queued", "running"): "claim",
+    ("running", "running"): "claim",  # the next step's delivery, or a takeover of a holder that went quiet
+    ("running", "waiting"): "park",  # ask_user or a fixable error: parked on a person
+    ("running", "done"): "finish",
+    ("running", "failed"): "finish",
+    ("running", "dead"): "dead_letter",
+    ("waiting", "queued"): "reply",  # also the sweeper's requeue of a wait whose questions are all answered
+    ("queued", "cancelled"): "cancel",
+    ("running", "cancelled"): "cancel",
+    ("waiting", "cancelled"): "cancel",
+    ("queued", "failed"): "expire",  # the hold expired before any worker claimed the run
+    ("dead", "queued"): "replay",
+}
+
+
+class IllegalTransition(ValueError):
+    """A state change TRANSITIONS does not list: a bug in the caller, refused before anything is written."""
+
 
 # Hot-path statements are built once with bind parameters: constructing a SQLAlchemy statement costs
 # about 0.1 ms of CPU each time, and a step runs about ten of them (see docs/benchmarks.md).
@@ -157,10 +179,18 @@ def get_run(run_id: str) -> Run | None:
     return Run.from_row(row) if row else None
 
 
-def list_runs(limit: int = 50, state: str | None = None) -> list[Run]:
-    q = sa.select(run_checkpoints).order_by(run_checkpoints.c.created_at_ms.desc()).limit(limit)
+def list_runs(limit: int = 50, state: str | None = None, user_id: str | None = None,
+              before: tuple[int, str] | None = None) -> list[Run]:
+    """Runs newest first (by creation, then id), of one user and in one state if given; `before`
+    continues after the (created_at_ms, run_id) of a page's last run (keyset paging: stable while runs
+    are added)."""
+    q = sa.select(run_checkpoints).order_by(_rc.created_at_ms.desc(), _rc.run_id.desc()).limit(limit)
     if state:
-        q = q.where(run_checkpoints.c.state == state)
+        q = q.where(_rc.state == state)
+    if user_id is not None:
+        q = q.where(_rc.user_id == user_id)
+    if before is not None:
+        q = q.where(sa.tuple_(_rc.created_at_ms, _rc.run_id) < sa.tuple_(sa.literal(before[0]), sa.literal(before[1])))
     with transaction(readonly=True) as conn:
         return [Run.from_row(r) for r in conn.execute(q).mappings().all()]
 
@@ -203,10 +233,9 @@ def _claim_txn(conn: Connection, run_id: str, token: str) -> Claim | None:
         return None
     now = now_ms()
     epoch = run.epoch + 1
-    updated = conn.execute(_CLAIM, {
-        "w_run_id": run.run_id, "w_epoch": run.epoch, "v_epoch": epoch, "v_owner": token,
-        "v_deliveries": run.deliveries + 1, "v_total_deliveries": run.total_deliveries + 1, "v_updated_at_ms": now,
-    }).rowcount
+    updated = change_state_txn(conn, run.run_id, LIVE_STATES, "running", at_epoch=run.epoch, what="claim",
+                               epoch=epoch, owner=token, deliveries=run.deliveries + 1,
+                               total_deliveries=run.total_deliveries + 1, updated_at_ms=now)
     if not updated:  # the row is locked: only a store without row locks gets here
         return None
     attempt_id = conn.execute(_INSERT_ATTEMPT, {
@@ -237,13 +266,53 @@ def resume_point(phase: str, step: int) -> str:
 
 
 def fenced_update_txn(conn: Connection, run_id: str, epoch: int, what: str, **values: Any) -> None:
-    """The fenced write: update the row only while `epoch` is still the run's epoch."""
+    """The fenced write: update the row only while `epoch` is still the run's epoch (and the run is
+    `running`); FencedOut otherwise. It never changes the state: that is change_state_txn's."""
+    if "state" in values:
+        raise IllegalTransition(f"{what}: a state change goes through change_state_txn, not fenced_update_txn")
     values.setdefault("updated_at_ms", now_ms())
     params = {f"v_{k}": v for k, v in values.items()}
     updated = conn.execute(_fenced_update(tuple(sorted(values))), {"w_run_id": run_id, "w_epoch": epoch, **params}
                            ).rowcount
     if not updated:
         raise FencedOut(run_id, epoch, what)
+
+
+_CLAIM_VALUES = frozenset({"epoch", "owner", "deliveries", "total_deliveries", "updated_at_ms"})
+
+
+def change_state_txn(conn: Connection, run_id: str, expect: str | tuple[str, ...], to: str, *, at_epoch: int,
+                     what: str, **values: Any) -> int:
+    """The one run-row state change: `UPDATE run_checkpoints SET state = to, <values> WHERE run_id = ?
+    AND epoch = at_epoch AND state IN expect`; returns the rows changed (0: the run moved on, or a newer
+    epoch owns it; the caller decides what that means, nothing was written).
+
+    Every (expected, `to`) pair must be in TRANSITIONS, else IllegalTransition before any SQL. Because
+    the write is conditional on both the state and the epoch the caller read, a transaction retried
+    after its first commit landed changes nothing the second time, and a holder fenced out by a claim
+    or a cancel can never move the run. `values` may set a new epoch (a claim, a cancel)."""
+    sources = (expect,) if isinstance(expect, str) else tuple(expect)
+    illegal = [f"{s} -> {to}" for s in sources if (s, to) not in TRANSITIONS]
+    if illegal or not sources:
+        raise IllegalTransition(f"{what}: {', '.join(illegal) or f'nothing -> {to}'} is not a run state change "
+                                "(checkpoints.runs.TRANSITIONS)")
+    params = {"w_run_id": run_id, "w_epoch": at_epoch, **{f"v_{k}": v for k, v in values.items()}}
+    if to == "running" and set(sources) == set(LIVE_STATES) and set(values) == _CLAIM_VALUES:
+        return int(conn.execute(_CLAIM, params).rowcount)  # the hot path's prebuilt compare-and-set
+    if sources == ("running",):  # a holder's write: the prebuilt fenced statement, with the state in it
+        values.setdefault("updated_at_ms", now_ms())
+        params.setdefault("v_updated_at_ms", values["updated_at_ms"])
+        return int(conn.execute(_fenced_update(tuple(sorted({*values, "state"}))), {**params, "v_state": to}
+                                ).rowcount)
+    state_is = _rc.state == sources[0] if len(sources) == 1 else _rc.state.in_(sources)
+    return int(conn.execute(run_checkpoints.update().where(_rc.run_id == run_id, _rc.epoch == at_epoch, state_is)
+                            .values(state=to, **values)).rowcount)
+
+
+def _holder_change_txn(conn: Connection, c: Claim, to: str, what: str, **values: Any) -> None:
+    """Holder `c` moves its running run to `to`; FencedOut when its epoch no longer owns the run."""
+    if not change_state_txn(conn, c.run.run_id, "running", to, at_epoch=c.epoch, what=what, **values):
+        raise FencedOut(c.run.run_id, c.epoch, what)
 
 
 def record_fenced(c: Claim, kind: str, reason: str, detail: dict[str, Any] | None = None) -> None:
@@ -313,9 +382,9 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
 
     def txn(conn: Connection) -> int | None:
         now = now_ms()
-        fenced_update_txn(conn, c.run.run_id, c.epoch, f"terminal write ({state})", state=state,
-                          phase="done", checkpoint=blob, owner=None, answer=answer, error_class=error_class,
-                          error=error, last_event_id=last_event_id, finished_at_ms=now, updated_at_ms=now)
+        _holder_change_txn(conn, c, state, f"terminal write ({state})", phase="done", checkpoint=blob, owner=None,
+                           answer=answer, error_class=error_class, error=error, last_event_id=last_event_id,
+                           finished_at_ms=now, updated_at_ms=now)
         charge = billing.settle_txn(conn, c.run.run_id, c.epoch, c.token, usage.prompt_tokens,
                                     usage.completion_tokens, now)
         reason = f"run {state}" + (f": [{error_class}] {error}" if error else "")
@@ -332,11 +401,10 @@ def park(c: Claim, reason: str, checkpoint: dict[str, Any], usage: Usage, last_e
 
     def txn(conn: Connection) -> None:
         # Waiting on a person is no failed delivery: the crash budget starts afresh (as at checkpoint B).
-        fenced_update_txn(conn, c.run.run_id, c.epoch, "park (waiting)", state="waiting", owner=None,
-                          checkpoint=blob, deliveries=0,
-                          error_class="fixable", error=reason, prompt_tokens=usage.prompt_tokens,
-                          completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
-                          last_event_id=last_event_id)
+        _holder_change_txn(conn, c, "waiting", "park (waiting)", owner=None, checkpoint=blob, deliveries=0,
+                           error_class="fixable", error=reason, prompt_tokens=usage.prompt_tokens,
+                           completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
+                           last_event_id=last_event_id)
         ledger.record_txn(conn, c.run.run_id, c.epoch, c.token, "waiting", f"waiting for input: {reason}")
         _end_attempt_txn(conn, c.attempt_id, "waiting", reason)
 
@@ -349,8 +417,8 @@ def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> list[dic
     def txn(conn: Connection) -> list[dict[str, Any]]:
         now = now_ms()
         run = c.run
-        fenced_update_txn(conn, run.run_id, c.epoch, "dead-letter", state="dead", owner=None,
-                          error_class="dead", error=reason, finished_at_ms=now, updated_at_ms=now)
+        _holder_change_txn(conn, c, "dead", "dead-letter", owner=None, error_class="dead", error=reason,
+                           finished_at_ms=now, updated_at_ms=now)
         _end_attempt_txn(conn, c.attempt_id, "dead", reason)  # first, so the case file shows it ended so
         attempts = [dict(r) for r in conn.execute(
             sa.select(run_attempts).where(run_attempts.c.run_id == run.run_id).order_by(run_attempts.c.id)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -14,7 +13,7 @@ import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from checkpoints.runs import Run
+    from tasks.service import RunSummary, RunView
 
 app = typer.Typer(name="fenced", help="Durable, fenced, resumable agent runs on Celery.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_show_locals=False)
@@ -76,36 +75,22 @@ def _require_store() -> None:
             fail(f"no run store at {path} (set FENCED_DB_URL, or run `fenced migrate` to create one)")
 
 
-def resolve_run(run_id: str) -> Run:
-    """The run with this id, or the only run whose id starts with it; exits 2 when there is none."""
-    import sqlalchemy as sa
-
-    from checkpoints import runs
-    from checkpoints.db import transaction
-    from checkpoints.schema import run_checkpoints as rc
+def resolve_run(run_id: str) -> RunView:
+    """The run with this id, or the only run whose id starts with it (tasks.service.resolve_id), as an
+    operator sees it; exits 2 when there is none."""
+    from fenced_core.errors import InvalidRequest, RunNotFound
+    from tasks import service
 
     _require_store()
-    run = runs.get_run(run_id)
-    if run is not None:
-        return run
-    if re.fullmatch(r"[0-9a-fA-F-]{4,63}", run_id):
-        with transaction(readonly=True) as conn:
-            query = sa.select(rc.c.run_id).where(rc.c.run_id.startswith(run_id.lower())).limit(2)
-            ids = conn.execute(query).scalars().all()
-        if len(ids) == 1:
-            found = runs.get_run(ids[0])
-            if found is not None:
-                return found
-        if len(ids) > 1:
-            fail(f"run id prefix {run_id!r} is ambiguous")
-    fail(f"no run with id {run_id!r}")
+    try:
+        return service.get_run(service.resolve_id(run_id))
+    except (RunNotFound, InvalidRequest) as exc:
+        fail(str(exc))
 
 
-def run_dict(run: Run) -> dict[str, Any]:
-    """A run row without its checkpoint blob (steps = finished steps in the checkpoint)."""
-    data = {k: v for k, v in vars(run).items() if k != "checkpoint"}
-    data["steps_done"] = len(run.checkpoint.get("history", []))
-    return data
+def run_dict(run: RunSummary) -> dict[str, Any]:
+    """A run as `--json` prints it: the row without its checkpoint blob (steps_done = finished steps)."""
+    return {k: v for k, v in run.to_dict().items() if k != "question"}
 
 
 def _version(value: bool) -> None:

@@ -22,12 +22,14 @@ OwnerOpt = Annotated[str | None, typer.Option(
 def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer.")],
           user: OwnerOpt = None, as_json: JsonOpt = False) -> None:
     """Answer the question a waiting run asked; the run is queued and woken."""
-    from fenced_core.errors import InvalidRequest
-    from tasks.control import reply_to_run
+    from fenced_core.errors import InvalidRequest, RunNotFound
+    from tasks import service
 
     run = resolve_run(run_id)
     try:
-        answered = reply_to_run(run.run_id, text, user or "cli", user_id=user)
+        answered = service.reply(run.run_id, text, user or "cli", user_id=user)
+    except RunNotFound:  # the operator's lookup found it: it is another user's
+        fail(f"run {run.run_id} belongs to another user; nothing was stored")
     except InvalidRequest as exc:
         fail(str(exc))
     if as_json:
@@ -39,12 +41,14 @@ def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer."
 @app.command()
 def cancel(run_id: RunArg, user: OwnerOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel a run: it ends `cancelled`, what was used is settled, nothing of it lands afterwards."""
-    from fenced_core.errors import InvalidRequest
-    from tasks.control import cancel_run
+    from fenced_core.errors import InvalidRequest, RunNotFound
+    from tasks import service
 
     run = resolve_run(run_id)
     try:
-        result = cancel_run(run.run_id, user or "cli", user_id=user)
+        result = service.cancel(run.run_id, user or "cli", user_id=user)
+    except RunNotFound:  # the operator's lookup found it: it is another user's
+        fail(f"run {run.run_id} belongs to another user; nothing was cancelled")
     except InvalidRequest as exc:
         fail(str(exc))
     if as_json:
@@ -60,9 +64,9 @@ def dlq_list(as_json: JsonOpt = False, limit: Annotated[int, typer.Option(min=1)
              include_revived: Annotated[bool, typer.Option("--all", help="Also runs replayed since.")] = False,
              ) -> None:
     """Runs that are dead now, newest first (`--all`: every dead letter, replayed ones too)."""
-    from checkpoints.lifecycle import dead_letters_list
+    from tasks import service
 
-    found = dead_letters_list(limit, include_revived)
+    found = service.dead_letters(limit, include_revived)
     if as_json:
         emit_json([asdict(d) for d in found])
         return
@@ -76,12 +80,12 @@ def dlq_list(as_json: JsonOpt = False, limit: Annotated[int, typer.Option(min=1)
 @dlq.command("show")
 def dlq_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """A dead letter: its reason, every attempt with its error, the last worker's observations."""
-    from checkpoints.lifecycle import dead_letter
     from fenced_core.errors import InvalidRequest
+    from tasks import service
 
     run = resolve_run(run_id)
     try:
-        d = dead_letter(run.run_id)
+        d = service.dead_letter(run.run_id)
     except InvalidRequest as exc:
         fail(str(exc))
     if as_json:
@@ -103,11 +107,11 @@ def dlq_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
 def dlq_replay(run_id: RunArg, user: UserOpt = "cli") -> None:
     """Replay a dead run from its last checkpoint with a fresh delivery budget."""
     from fenced_core.errors import AdmissionRefused, InvalidRequest
-    from tasks.control import replay_dead_letter
+    from tasks import service
 
     run = resolve_run(run_id)
     try:
-        step = replay_dead_letter(run.run_id, user)
+        step = service.replay_dead_letter(run.run_id, user)
     except (InvalidRequest, AdmissionRefused) as exc:
         fail(str(exc))
     typer.echo(f"replaying run {run.run_id} from step {step}")

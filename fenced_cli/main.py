@@ -71,19 +71,16 @@ def submit(
 @app.command()
 def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """A run's state, owner, usage, charge, answer, cards, recent ledger and event count."""
-    from checkpoints import ledger
     from examples.shopping.cards import cards_for
-    from harness.verdict import holds_of as holds_for
+    from tasks import service
 
-    run = resolve_run(run_id)
-    holds = [dict(h._mapping) for h in holds_for(run.run_id)]
+    shown = service.status(resolve_run(run_id).run_id)
+    run, holds, entries = shown.run, shown.run.holds, shown.ledger
     cards = cards_for(run.run_id)
-    entries = ledger.history(run.run_id)
-    event_count = _event_count(run.run_id)
     if as_json:
         emit_json({**run_dict(run), "holds": holds, "cards": [vars(c) for c in cards],
-                   "ledger": [vars(e) for e in entries[-10:]], "ledger_entries": len(entries),
-                   "events": event_count})
+                   "ledger": [vars(e) for e in entries], "ledger_entries": shown.ledger_entries,
+                   "events": shown.events})
         return
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -104,26 +101,14 @@ def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
         ("error", f"[{run.error_class}] {run.error}" if run.error else "-"),
         ("cards", ", ".join(f"{c.card_id} ({c.state}, ${c.total_cents / 100:.2f})" for c in cards) or "-"),
         ("created / finished", f"{_ms(run.created_at_ms)} / {_ms(run.finished_at_ms)}"),
-        ("events", str(event_count) if event_count is not None else "unavailable (Redis unreachable)"),
+        ("events", str(shown.events) if shown.events is not None else "unavailable (Redis unreachable)"),
     ]
     for key, value in rows:
         grid.add_row(key, value)
     out.print(grid, markup=False)
     if entries:
-        out.print(f"\nledger (last {min(10, len(entries))} of {len(entries)}):", markup=False)
-        out.print(_ledger_table(entries[-10:]))
-
-
-def _event_count(run_id: str) -> int | None:
-    import redis
-
-    from fencing import keys
-    from fencing.connection import get_redis
-
-    try:
-        return int(get_redis().xlen(keys.events(run_id)))
-    except redis.RedisError:
-        return None
+        out.print(f"\nledger (last {len(entries)} of {shown.ledger_entries}):", markup=False)
+        out.print(_ledger_table(entries))
 
 
 @app.command("runs")
@@ -133,12 +118,12 @@ def list_runs(
     as_json: JsonOpt = False,
 ) -> None:
     """The most recent runs, newest first."""
-    from checkpoints import runs
+    from tasks import service
 
     if state is not None and state not in RUN_STATES:
         fail(f"--state must be one of {', '.join(RUN_STATES)}, not {state!r}")
     _require_store()
-    found = runs.list_runs(limit=limit, state=state)
+    found = service.list_runs(state=state, limit=limit).runs
     if as_json:
         emit_json([run_dict(r) for r in found])
         return
@@ -244,14 +229,14 @@ def events(
     as_json: JsonOpt = False,
 ) -> None:
     """A run's event stream: the live view (superseded half-steps dropped, deduplicated) by default."""
-    from fencing import events as ev
+    from tasks import service
 
     run = resolve_run(run_id)
     if follow:
         _follow(run.run_id)
         return
-    stream = ev.read(run.run_id)
-    shown = stream if raw else ev.live_view(stream)
+    page = service.events(run.run_id, raw=raw)
+    shown = page.events
     if as_json:
         emit_json([vars(e) for e in shown])
         return
@@ -263,8 +248,8 @@ def events(
         data = json.dumps(e.data, separators=(",", ":"), sort_keys=True)
         table.add_row(at, str(e.epoch), str(e.step), e.type, e.eid, data if len(data) <= 70 else data[:69] + "…")
     out.print(table, markup=False)
-    if not raw and len(shown) != len(stream):
-        out.print(f"({len(stream) - len(shown)} superseded or duplicate entries hidden; --raw shows them)",
+    if not raw and len(shown) != page.stored:
+        out.print(f"({page.stored - len(shown)} superseded or duplicate entries hidden; --raw shows them)",
                   markup=False)
 
 
@@ -273,16 +258,13 @@ def _follow(run_id: str) -> None:
     event; a run that ended before we looked prints what it has and stops."""
     import time
 
-    from fencing import events as ev
-    from tasks.result import result
-    from tasks.step import FINAL_EVENTS
+    from tasks import service
 
-    finals = {eid for eid, _type in FINAL_EVENTS.values()}
     seen: set[str] = set()
-    after = "-"
+    after: str | None = None
     quiet_since = time.monotonic()
     while True:
-        fresh = ev.read(run_id, after=after)
+        fresh = service.events(run_id, after=after, raw=True).events
         for e in fresh:
             after = e.stream_id
             if e.eid in seen:
@@ -291,11 +273,11 @@ def _follow(run_id: str) -> None:
             data = json.dumps(e.data, separators=(",", ":"), sort_keys=True)
             at = _clock(int(e.stream_id.split("-")[0]))
             typer.echo(f"{at} UTC  epoch {e.epoch}  step {e.step}  {e.type}  {e.eid}  {data}")
-            if e.eid in finals:
+            if e.eid in service.FINAL_EVENT_IDS:
                 return
         if fresh:
             quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > 2 and result(run_id).ended:
+        elif time.monotonic() - quiet_since > 2 and service.get_run(run_id).ended:
             return  # ended, and its final event is not in the stream (Redis lost it)
         time.sleep(0.2)
 
@@ -303,10 +285,9 @@ def _follow(run_id: str) -> None:
 @app.command()
 def ledger(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """Every decision recorded for a run, with its reason, oldest first."""
-    from checkpoints import ledger as ledger_mod
+    from tasks import service
 
-    run = resolve_run(run_id)
-    entries = ledger_mod.history(run.run_id)
+    entries = service.ledger_of(resolve_run(run_id).run_id)
     if as_json:
         emit_json([vars(e) for e in entries])
         return

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import structlog
 
-from checkpoints import billing, inputs, runs
+from checkpoints import inputs, lifecycle, runs
 from checkpoints.db import in_txn
 from fenced_core.errors import FencedOut
 from fenced_core.settings import get_settings
@@ -59,7 +59,7 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
         if len(stalled) < PAGE:
             break
         after = (stalled[-1][3], stalled[-1][0])
-    closed = in_txn(billing.close_stale_holds_txn, now, process_token())
+    closed = in_txn(lifecycle.close_stale_holds_txn, now, process_token())
     for hold in closed:
         admission.release_slot(hold.user_id, hold.run_id)
         if hold.outcome == "released":

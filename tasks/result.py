@@ -3,6 +3,7 @@
 `run_agent.delay(run_id)` returns an AsyncResult whose `.get()` is None and whose `.state` needs a
 result backend fenced does not use: a message is only a wake-up call, and the run row is the truth.
 Use `result(run_id)` for the run as it is and `wait(run_id)` to block until it ends or waits on a person.
+(Front ends, scoped to a caller, read through tasks.service instead.)
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import time
 from dataclasses import dataclass
 
 from checkpoints import runs
+from checkpoints.schema import TERMINAL_STATES
 from fenced_core.errors import RunNotFound
 
-ENDED = ("done", "failed", "cancelled", "dead")
+ENDED = TERMINAL_STATES  # done, failed, cancelled, dead: a replay is the only way out of one (runs.TRANSITIONS)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from checkpoints import accounts, billing, ledger, runs
+from checkpoints import accounts, billing, ledger, lifecycle, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import run_checkpoints, run_holds, user_accounts
@@ -73,7 +73,7 @@ def test_release_returns_the_hold(store):
 
 def test_expiry_releases_the_hold_of_a_run_never_claimed(store):
     stale = new_run()
-    expired = in_txn(billing.expire_holds_txn, runs.now_ms() + 10**9, "sweeper")
+    expired = in_txn(lifecycle.expire_holds_txn, runs.now_ms() + 10**9, "sweeper")
     assert expired == [stale]
     assert balance() == (1000, 0)
     assert hold_state(stale) == ("released", 0)
@@ -138,14 +138,14 @@ def test_a_dead_runs_hold_is_settled_after_the_hold_expiry(store, settings_env):
         with transaction() as conn:
             conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == run_id)
                          .values(state="dead", owner=None, finished_at_ms=died_at))
-    closed = in_txn(billing.close_stale_holds_txn, now, "sweeper")
-    assert closed == [billing.Closed(dead, "u1", "settled")]
+    closed = in_txn(lifecycle.close_stale_holds_txn, now, "sweeper")
+    assert closed == [lifecycle.Closed(dead, "u1", "settled")]
     assert hold_state(dead) == ("settled", 10), "what was used: 2000 tokens"
     assert hold_state(recent) == ("held", None), "a replay may still come"
     assert balance() == (990, 20)
     settled = [e for e in ledger.history(dead) if e.kind == "settled"]
     assert len(settled) == 1 and "dead for over 60 s" in settled[0].reason
-    assert in_txn(billing.close_stale_holds_txn, now, "sweeper") == [], "closed once"
+    assert in_txn(lifecycle.close_stale_holds_txn, now, "sweeper") == [], "closed once"
     assert balance() == (990, 20)
 
 

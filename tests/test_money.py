@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from checkpoints import accounts, billing, ledger, lifecycle, runs
+from checkpoints import accounts, ledger, lifecycle, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Claim, Usage
 from checkpoints.schema import dead_letters, run_holds, user_accounts
@@ -248,7 +248,7 @@ def _dead_and_settled(user: str) -> str:
     c = claim(run_id, "w/1")
     runs.write_decided(c, 0, {"decision": {}}, Usage(2400, 800, 1), "")
     runs.dead_letter(c, "poison", {})
-    closed = in_txn(billing.close_stale_holds_txn, runs.now_ms() + 10**9, "sweeper")
+    closed = in_txn(lifecycle.close_stale_holds_txn, runs.now_ms() + 10**9, "sweeper")
     assert [(x.run_id, x.outcome) for x in closed] == [(run_id, "settled")]
     assert balance(user) == (984, 0)
     return run_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from checkpoints import billing, ledger, runs
+from checkpoints import billing, ledger, lifecycle, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import run_holds
@@ -151,7 +151,7 @@ def test_unclaimed_hold_expires_and_run_fails_as_expired(store):
     stale, active = new_run(), new_run()
     runs.claim(active, "w/1")
     far_future = runs.now_ms() + 10**9
-    expired = in_txn(billing.expire_holds_txn, far_future, "sweeper")
+    expired = in_txn(lifecycle.expire_holds_txn, far_future, "sweeper")
     assert expired == [stale.run_id]
     assert hold(stale.run_id)["state"] == "released"
     assert runs.get_run(stale.run_id).state == "failed"
