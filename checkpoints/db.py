@@ -15,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from tenacity import RetryCallState, retry, retry_if_exception, wait_random_exponential
 
+from fenced_core.errors import StoreUnavailable
 from fenced_core.settings import get_settings
 
 _lock = threading.Lock()
@@ -110,12 +111,33 @@ def is_missing_schema(exc: BaseException) -> bool:
 
 
 def is_transient_db_error(exc: BaseException) -> bool:
-    """Connection-level failures (server restarting, dropped socket, deadlock/lock wait): worth retrying."""
+    """Connection-level failures (server restarting, dropped socket, deadlock/lock wait): worth retrying.
+
+    The boundary's test: `transaction()` turns exactly these into DatabaseUnavailable, so code above
+    checkpoints catches StoreUnavailable instead of asking this."""
+    if isinstance(exc, StoreUnavailable):
+        return True
     if is_missing_schema(exc):
         return False
     if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
         return True
     return isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+
+
+class DatabaseUnavailable(StoreUnavailable, sa.exc.OperationalError):
+    """The run database could not be reached, or failed transiently (a restart, a dropped socket, a lock
+    wait past its bound). Raised by `transaction()` in place of the driver's error (kept as __cause__);
+    also an OperationalError, so handlers written against SQLAlchemy still match. The transaction it
+    ended rolled back, or committed whole if only the reply was lost: fenced writes are idempotent."""
+
+    def __init__(self, exc: sa.exc.DBAPIError) -> None:
+        sa.exc.OperationalError.__init__(self, exc.statement, exc.params, exc.orig,  # type: ignore[arg-type]
+                                         hide_parameters=exc.hide_parameters,
+                                         connection_invalidated=exc.connection_invalidated)
+        self.driver_error = exc
+
+    def __reduce__(self) -> Any:  # picklable across processes, like the driver's own errors
+        return type(self), (self.driver_error,)
 
 
 # A process at a prompt (the CLI) gives up sooner than a worker; set in that process only, never through
@@ -158,14 +180,33 @@ Trades latency for riding out a database restart; only for transactions whose wr
 (absolute values, fenced by epoch), because a commit whose reply was lost is retried too."""
 
 
+_in_txn = threading.local()
+
+
+def in_transaction() -> bool:
+    """Whether this thread is inside `transaction()` (hooks refuse to run there)."""
+    return getattr(_in_txn, "depth", 0) > 0
+
+
 @contextmanager
 def transaction(url: str | None = None, readonly: bool = False) -> Iterator[Connection]:
-    """One transaction on the store; functions that take its connection end in `_txn`."""
-    with get_engine(url).connect() as conn:
-        if readonly:
-            conn = conn.execution_options(fenced_readonly=True)
-        with conn.begin():
-            yield conn
+    """One transaction on the store; functions that take its connection end in `_txn`.
+
+    The boundary for driver errors: a transient one (is_transient_db_error) leaves as
+    DatabaseUnavailable, whether it came from the connect, a statement or the commit."""
+    _in_txn.depth = getattr(_in_txn, "depth", 0) + 1
+    try:
+        with get_engine(url).connect() as conn:
+            if readonly:
+                conn = conn.execution_options(fenced_readonly=True)
+            with conn.begin():
+                yield conn
+    except sa.exc.DBAPIError as exc:
+        if isinstance(exc, StoreUnavailable) or not is_transient_db_error(exc):
+            raise
+        raise DatabaseUnavailable(exc) from exc
+    finally:
+        _in_txn.depth -= 1
 
 
 def in_txn(fn: Callable[..., T], *args: Any, url: str | None = None, **kwargs: Any) -> T:

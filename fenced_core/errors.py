@@ -43,8 +43,11 @@ class AdmissionRefused(FencedError):
 
 
 class StoreUnavailable(FencedError):
-    """A store (the run database, Redis) could not be reached or answered with a connection error:
-    translated once where a driver error enters fenced. Retrying later may succeed; nothing was lost."""
+    """A store (the run database, Redis) could not be reached, or kept failing transiently: translated
+    once where a driver error enters fenced (checkpoints.db for the database, fencing.connection for
+    Redis), each subclass also keeping its driver's type so older handlers still match. Retrying later
+    may succeed: a write that raised it either committed whole or not at all (fenced writes are
+    idempotent), and a step that meets one is taken over from its last checkpoint."""
 
 
 class StepError(FencedError):
@@ -110,7 +113,3 @@ class WaitForInput(Interrupt):
     def __init__(self, question: str, tool_call_id: str) -> None:
         super().__init__(question)
         self.question, self.tool_call_id = question, tool_call_id
-
-
-class RunCancelled(Interrupt):
-    """The run was cancelled while this step ran."""

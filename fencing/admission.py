@@ -15,7 +15,7 @@ import structlog
 
 from fenced_core.errors import AdmissionRefused
 from fenced_core.settings import get_settings, safe_url
-from fencing import keys
+from fencing import keys, scripts
 from fencing.broker import get_broker_redis, shares_redis
 from fencing.connection import get_redis
 from fencing.lease import now_ms
@@ -65,11 +65,11 @@ def admit(run_id: str, user_id: str, queues: Sequence[str], client: redis.Redis 
             for key in list_keys:
                 pipe.llen(key)
             outside, list_keys = sum(pipe.execute()), []
-        ok, limit, count, extra = scripts_for(client)(
-            "admit", [keys.ADMITTED_UNSENT, keys.user_slots(user_id), SLOT_OWNERS, *list_keys],
-            [run_id, now_ms(), s.max_queued_runs, s.max_runs_per_user, s.admission_ttl_s * 1000,
-             UNSENT_TTL_MS, outside, user_id],
-        )
+        ok, limit, count, extra = scripts_for(client)(scripts.admit(
+            unsent_key=keys.ADMITTED_UNSENT, user_slots_key=keys.user_slots(user_id), slot_owners_key=SLOT_OWNERS,
+            queue_keys=list_keys, run_id=run_id, now_ms=now_ms(), max_queued=s.max_queued_runs,
+            max_per_user=s.max_runs_per_user, slot_ttl_ms=s.admission_ttl_s * 1000, unsent_ttl_ms=UNSENT_TTL_MS,
+            outside_backlog=outside, user_id=user_id))
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
                                f"Redis is unreachable at {safe_url(s.redis_url)} ({exc}): the run was not "

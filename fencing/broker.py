@@ -8,7 +8,7 @@ import threading
 import redis
 
 from fenced_core.settings import get_settings
-from fencing.connection import get_redis
+from fencing.connection import client_for, get_redis
 
 _lock = threading.Lock()
 _clients: dict[tuple[int, str], redis.Redis] = {}
@@ -29,6 +29,5 @@ def get_broker_redis() -> redis.Redis:
     with _lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5,
-                                                          decode_responses=True)
+            client = _clients[key] = client_for(url)
         return client

@@ -1,4 +1,7 @@
-"""The per-process Redis client: created lazily after fork, connections named after the worker token."""
+"""The per-process Redis client: created lazily after fork, connections named after the worker token.
+
+The boundary for Redis driver errors: a connection error or a timeout leaves our clients as
+RedisUnavailable (a StoreUnavailable), from any command, script or pipeline."""
 
 from __future__ import annotations
 
@@ -6,9 +9,12 @@ import os
 import socket
 import threading
 import uuid
+from typing import Any
 
 import redis
+from redis.client import Pipeline
 
+from fenced_core.errors import StoreUnavailable
 from fenced_core.settings import get_settings
 
 _lock = threading.RLock()
@@ -27,6 +33,56 @@ def process_token() -> str:
         return str(_state["token"])
 
 
+class RedisUnavailable(StoreUnavailable, redis.ConnectionError):
+    """Redis could not be reached or did not answer in time. Also a redis.ConnectionError, so handlers
+    written against redis-py still match. A command that raised it may or may not have run: every
+    fenced write to Redis is a compare-and-set or an absolute value, safe to repeat."""
+
+
+_DRIVER_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+def _translate(exc: Exception) -> Exception:
+    if isinstance(exc, StoreUnavailable):
+        return exc
+    return RedisUnavailable(f"Redis unavailable: {type(exc).__name__}: {exc}")
+
+
+class FencedPipeline(Pipeline):
+    """A pipeline whose driver errors leave as RedisUnavailable."""
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return super().execute(raise_on_error)
+        except _DRIVER_ERRORS as exc:
+            raise _translate(exc) from exc
+
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().immediate_execute_command(*args, **options)
+        except _DRIVER_ERRORS as exc:
+            raise _translate(exc) from exc
+
+
+class FencedRedis(redis.Redis):
+    """redis.Redis whose driver errors leave as RedisUnavailable (commands, scripts, pipelines)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)
+        except _DRIVER_ERRORS as exc:
+            raise _translate(exc) from exc
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> FencedPipeline:
+        return FencedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+def client_for(url: str, **options: Any) -> redis.Redis:
+    """A FencedRedis for `url` (decoded responses, 5 s socket timeouts unless `options` say otherwise)."""
+    options = {"socket_timeout": 5, "socket_connect_timeout": 5, "decode_responses": True, **options}
+    return FencedRedis.from_url(url, **options)
+
+
 def get_redis() -> redis.Redis:
     """A client for this process; every pooled connection carries CLIENT SETNAME <worker token>."""
     pid = os.getpid()
@@ -41,14 +97,7 @@ def get_redis() -> redis.Redis:
 def _make_client() -> redis.Redis:
     settings = get_settings()
     name = CLIENT_NAME_PREFIX + process_token()
-    return redis.Redis.from_url(
-        settings.redis_url,
-        client_name=name,
-        socket_timeout=5,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-        decode_responses=True,
-    )
+    return client_for(settings.redis_url, client_name=name, health_check_interval=30)
 
 
 def reset() -> None:

@@ -10,7 +10,7 @@ import redis
 
 from fenced_core.errors import FencedOut
 from fenced_core.settings import get_settings
-from fencing import keys
+from fencing import keys, scripts
 from fencing.connection import get_redis
 from fencing.scripts import scripts_for
 
@@ -50,23 +50,42 @@ def append_many(run_id: str, epoch: int, items: list[tuple[str, str, int, dict[s
     With `raise_mirror`, the epoch mirror is raised first in the same round trip (a fresh claim's
     first write to Redis): a mirror already above `epoch` raises FencedOut and nothing is appended."""
     client = client or get_redis()
-    scripts = scripts_for(client)
+    registered = scripts_for(client)
     maxlen = get_settings().events_keep
 
     def build(pipe: redis.client.Pipeline) -> None:
         if raise_mirror:
-            scripts.queue(pipe, "raise_epoch", [keys.epoch(run_id)], [epoch])
+            registered.queue(pipe, scripts.raise_epoch(run_id, epoch=epoch))
         for eid, type_, step, data in items:
             event = Event(eid, type_, step, epoch, data)
-            scripts.queue(pipe, "append_event", [keys.epoch(run_id), keys.events(run_id)],
-                          [epoch, maxlen, *event.fields()])
+            registered.queue(pipe, scripts.append_event(run_id, epoch=epoch, maxlen=maxlen, fields=event.fields()))
 
-    ids = scripts.execute(client, build)
+    ids = registered.execute(client, build)
     if raise_mirror and int(ids.pop(0)) > epoch:
         raise FencedOut(run_id, epoch, "epoch mirror")
     if any(i is None for i in ids):
         raise FencedOut(run_id, epoch, f"event {items[ids.index(None)][0]}")
     return [str(i) for i in ids]
+
+
+def newest_eid(run_id: str, client: redis.Redis | None = None) -> str | None:
+    """The `eid` of the run's newest event, or None if its stream is empty (or Redis lost it)."""
+    newest: list[tuple[str, dict[str, str]]] = (client or get_redis()).xrevrange(  # type: ignore[assignment]
+        keys.events(run_id), count=1)
+    return newest[0][1].get("eid") if newest else None
+
+
+def append_final(run_id: str, epoch: int, state: str, step: int, data: dict[str, Any], *,
+                 unless_present: bool = False, raise_mirror: bool = False,
+                 client: redis.Redis | None = None) -> str | None:
+    """End the run's stream with the final event of terminal `state` (its fixed id, FINAL_EVENTS), as
+    holder `epoch`; raises FencedOut if a newer epoch owns the run. With `unless_present`, nothing is
+    appended (None returned) when the newest event already is that final event: a repair or a repeated
+    cancel adds no second copy. Clients merge by id, so a copy that does land shows once."""
+    eid, type_ = FINAL_EVENTS[state]
+    if unless_present and newest_eid(run_id, client) == eid:
+        return None
+    return append(run_id, epoch, eid, type_, step, data, client=client, raise_mirror=raise_mirror)
 
 
 def read(run_id: str, after: str = "-", client: redis.Redis | None = None) -> list[Event]:

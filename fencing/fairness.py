@@ -8,7 +8,7 @@ import json
 import structlog
 
 from checkpoints import ledger
-from fencing import keys
+from fencing import keys, scripts
 from fencing.broker import get_broker_redis
 from fencing.connection import get_redis, process_token
 from fencing.scripts import scripts_for
@@ -22,7 +22,8 @@ def promote_large(large_queue: str, normal_queue: str, interval_ms: int, force: 
     if not force and not get_redis().set(keys.PROMOTER_LOCK, process_token(), nx=True, px=interval_ms):
         return None
     broker = get_broker_redis()
-    moved = scripts_for(broker)("promote", [keys.broker_queue(large_queue), keys.broker_queue(normal_queue)], [])
+    moved = scripts_for(broker)(scripts.promote(large_queue_key=keys.broker_queue(large_queue),
+                                                normal_queue_key=keys.broker_queue(normal_queue)))
     if not moved:
         return None
     run_id = run_id_of(moved)

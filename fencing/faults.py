@@ -15,7 +15,7 @@ import time
 import structlog
 
 from fenced_core.settings import get_settings
-from fencing import keys
+from fencing import keys, scripts
 from fencing.connection import get_redis
 from fencing.scripts import scripts_for
 
@@ -35,7 +35,7 @@ def point(name: str, run_id: str) -> None:
     if not get_settings().faults_enabled:
         return
     client = get_redis()
-    fired = scripts_for(client)("fault_hit", [keys.FAULTS, keys.FAULT_HITS], [name, f"{name} {run_id} {os.getpid()}"])
+    fired = scripts_for(client)(scripts.fault_hit(point=name, hit=f"{name} {run_id} {os.getpid()}"))
     if not fired:
         return
     action = client.hget(keys.FAULTS, f"{name}:action") or "hang"

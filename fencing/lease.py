@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from fencing import keys
+from fencing import keys, scripts
 from fencing.connection import get_redis, process_token
 from fencing.scripts import scripts_for
 
@@ -68,10 +68,10 @@ class Lease:
         """Take the lease if it is free, or if the previous step handed it over for `step`."""
         client = client or get_redis()
         handoff = handoff_value(step) if step is not None else ""
-        scripts = scripts_for(client)
+        registered = scripts_for(client)
 
         def build(pipe: redis.client.Pipeline) -> None:
-            scripts.queue(pipe, "acquire", [self.key, keys.rescue(self.run_id)], [self.token, self.ttl_ms, handoff])
+            registered.queue(pipe, scripts.acquire(self.run_id, token=self.token, ttl_ms=self.ttl_ms, handoff=handoff))
             # Our own index entry: a refused acquire cannot move anyone else's deadline.
             pipe.zadd(keys.LEASE_INDEX, {self.member: now_ms() + self.ttl_ms})
             # A rescue's or a handoff's entry is done with once a delivery holds the run (a refused
@@ -80,7 +80,7 @@ class Lease:
                       *([keys.index_member(self.run_id, handoff)] if handoff else []))
             register(pipe, [self.run_id], self.process)
 
-        taken = bool(scripts.execute(client, build)[0])
+        taken = bool(registered.execute(client, build)[0])
         if not taken:
             # Not ours after all: no index entry, and the process's set keeps to what it holds (a lease
             # this process does hold through another delivery is added back by the watchdog's renewal).
@@ -99,11 +99,12 @@ class Lease:
         last write (parking) or that stopped early and wants the run rescued soon. Returns True if
         the lease was still ours."""
         client = client or get_redis()
-        scripts = scripts_for(client)
+        registered = scripts_for(client)
         value = "" if handoff_step is None else handoff_value(handoff_step)
 
         def build(pipe: redis.client.Pipeline) -> None:
-            scripts.queue(pipe, "release", [self.key], [self.token, value, self.ttl_ms])
+            registered.queue(pipe, scripts.release(self.run_id, token=self.token, handoff=value,
+                                                   handoff_ttl_ms=self.ttl_ms))
             if value:
                 pipe.zadd(keys.LEASE_INDEX, {keys.index_member(self.run_id, value): now_ms() + self.ttl_ms})
             if watch_until_ms is None:
@@ -112,11 +113,17 @@ class Lease:
                 pipe.zadd(keys.LEASE_INDEX, {self.member: watch_until_ms})
             pipe.srem(keys.held_by(self.process), self.run_id)
 
-        return bool(scripts.execute(client, build)[0])
+        return bool(registered.execute(client, build)[0])
 
     def unwatch(self, client: redis.Redis | None = None) -> None:
         """Remove this holder's index entry (its last write committed after an early release)."""
         (client or get_redis()).zrem(keys.LEASE_INDEX, self.member)
+
+
+def drop(run_id: str, client: redis.Redis | None = None) -> None:
+    """Delete the run's lease whoever holds it: only for a run that just ended by a claim of its own
+    (cancel). Its holder's watchdog finds it gone and stops at its next boundary; the epoch fences it."""
+    (client or get_redis()).delete(keys.lease(run_id))
 
 
 def rescue_answered(run_id: str, client: redis.Redis | None = None) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import structlog
 
 from fenced_core.settings import get_settings
-from fencing import keys
+from fencing import keys, scripts
 from fencing.connection import CLIENT_NAME_PREFIX, get_redis, process_token
 from fencing.lease import now_ms
 from fencing.reaper import rescue
@@ -71,7 +71,7 @@ def child_died(run_id: str, pid: int, send: Send) -> bool:
     """A prefork pool child died running `run_id`: release its lease (if still its own) and rescue now."""
     prefix = f"{socket.gethostname()}:{pid}:"
     client = get_redis()
-    released = scripts_for(client)("release_prefix", [keys.lease(run_id)], [prefix])
+    released = scripts_for(client)(scripts.release_prefix(run_id, prefix=prefix))
     if not released:
         return False
     client.zrem(keys.LEASE_INDEX, keys.index_member(run_id, released))
@@ -92,10 +92,10 @@ def _release_and_rescue(token: str, reason: str, send: Send) -> list[str]:
     for run_id in run_ids:
         pipe.get(keys.lease(run_id))
     held = [r for r, value in zip(run_ids, pipe.execute(), strict=True) if value and value.startswith(prefix)]
-    scripts = scripts_for(client)
+    registered = scripts_for(client)
     rescued = []
     for run_id in held:
-        released = scripts("release_prefix", [keys.lease(run_id)], [prefix])
+        released = registered(scripts.release_prefix(run_id, prefix=prefix))
         if released:
             client.zrem(keys.LEASE_INDEX, keys.index_member(run_id, released))
             if rescue(run_id, get_settings().lease_ttl_ms, reason, send):

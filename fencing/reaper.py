@@ -10,7 +10,7 @@ from collections.abc import Callable
 import structlog
 
 from checkpoints import ledger
-from fencing import keys
+from fencing import keys, scripts
 from fencing.connection import get_redis, process_token
 from fencing.lease import now_ms
 from fencing.scripts import scripts_for
@@ -23,7 +23,7 @@ def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
     """Send a wake-up if the run has no lease and nobody rescued it within `grace_ms`. The ledger entry
     (`rescue`) carries the epoch being rescued, as the Redis mirror knows it (-1 if Redis lost it)."""
     client = get_redis()
-    if not scripts_for(client)("rescue", [keys.lease(run_id), keys.rescue(run_id)], [grace_ms, process_token()]):
+    if not scripts_for(client)(scripts.rescue(run_id, grace_ms=grace_ms, rescuer=process_token())):
         return False
     send(run_id)
     # Watched like a lease: if no delivery takes the run within the grace (the wake-up was swallowed by
@@ -44,7 +44,7 @@ def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
 def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
     """One reaper tick: rescue runs whose lease deadline passed. Returns the runs rescued."""
     client = get_redis()
-    scripts = scripts_for(client)
+    registered = scripts_for(client)
     now = now_ms()
     rescued: list[str] = []
     expired: list[str] = client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch)  # type: ignore[assignment]
@@ -74,7 +74,7 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
     if live:
         client.zadd(keys.LEASE_INDEX, live, gt=True)
     for member in expired:
-        if member in live or not scripts("pop_expired", [keys.LEASE_INDEX], [member, now]):
+        if member in live or not registered(scripts.pop_expired(member=member, now_ms=now)):
             continue  # still live, renewed meanwhile, or another reaper took it
         if member in stale:
             continue  # the run has another holder now, watched under its own entry

@@ -1,9 +1,16 @@
-"""Loads the .lua files beside this module once and registers them on a client."""
+"""The Lua scripts: loaded once from the .lua files beside this module, registered per client, and one
+typed wrapper per script that names its keys and arguments once (the order of the script's header).
+
+Call sites build a `Call` with a wrapper (`scripts.renew(run_id, token=..., ttl_ms=...)`) and run it
+now (`scripts_for(client)(call)`) or queue it on a pipeline (`Scripts.queue`); no call site writes
+positional KEYS/ARGV. Driver errors leave as fencing.connection.RedisUnavailable (the client's own
+translation)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +18,8 @@ import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
+
+from fencing import keys as k
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
@@ -40,13 +49,17 @@ class Scripts:
     def __init__(self, client: redis.Redis) -> None:
         self._scripts: dict[str, Script] = {n: client.register_script(source(n)) for n in self.NAMES}
 
-    def __call__(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
-        """Run one script now (EVALSHA, loading it on NOSCRIPT): one round trip."""
-        return self._scripts[name](keys=keys, args=args, client=client)
+    def __call__(self, call: Call | str, keys: Sequence[str] = (), args: Sequence[Any] = (),
+                 client: Any = None) -> Any:
+        """Run one script now (EVALSHA, loading it on NOSCRIPT): one round trip. `call` comes from a
+        typed wrapper below; a bare script name with raw keys and args is for the Lua tests only."""
+        if isinstance(call, str):
+            call = Call(call, tuple(keys), tuple(args))
+        return self._scripts[call.script](keys=list(call.keys), args=list(call.args), client=client)
 
-    def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
+    def queue(self, pipe: Pipeline, call: Call) -> None:
         """Queue a script on a pipeline run by `execute` (EVALSHA, no per-execute SCRIPT EXISTS)."""
-        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
 
     def execute(self, client: redis.Redis, build: Callable[[Pipeline], None]) -> list[Any]:
         """Run what `build(pipe)` queues in ONE round trip and return the replies.
@@ -79,3 +92,74 @@ def scripts_for(client: redis.Redis) -> Scripts:
     if found is None:
         found = _registered[id(client)] = Scripts(client)
     return found
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script invocation: the script's name, its KEYS and ARGV in the order its header lists them."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+
+
+# -- one wrapper per script (see each .lua header for the contract) -------------------------------------
+def acquire(run_id: str, *, token: str, ttl_ms: int, handoff: str) -> Call:
+    """acquire.lua: take the lease if free, or if it holds `handoff` ("" = none). Reply 1 taken, 0 not."""
+    return Call("acquire", (k.lease(run_id), k.rescue(run_id)), (token, ttl_ms, handoff))
+
+
+def renew(run_id: str, *, token: str, ttl_ms: int) -> Call:
+    """renew.lua: extend the lease if `token` still holds it. Reply 1 extended, 0 not."""
+    return Call("renew", (k.lease(run_id),), (token, ttl_ms))
+
+
+def release(run_id: str, *, token: str, handoff: str, handoff_ttl_ms: int) -> Call:
+    """release.lua: drop the lease, or leave `handoff` for `handoff_ttl_ms`, if `token` holds it. Reply 1/0."""
+    return Call("release", (k.lease(run_id),), (token, handoff, handoff_ttl_ms))
+
+
+def release_prefix(run_id: str, *, prefix: str) -> Call:
+    """release_prefix.lua: drop a dead holder's lease if its value starts with `prefix`. Reply the value
+    released, or None."""
+    return Call("release_prefix", (k.lease(run_id),), (prefix,))
+
+
+def raise_epoch(run_id: str, *, epoch: int) -> Call:
+    """raise_epoch.lua: raise the epoch mirror to `epoch`, never lower. Reply the mirror afterwards."""
+    return Call("raise_epoch", (k.epoch(run_id),), (epoch,))
+
+
+def append_event(run_id: str, *, epoch: int, maxlen: int, fields: Sequence[str]) -> Call:
+    """append_event.lua: append `fields` (name, value pairs) as holder `epoch`. Reply the stream id, or
+    None if a newer epoch owns the run."""
+    return Call("append_event", (k.epoch(run_id), k.events(run_id)), (epoch, maxlen, *fields))
+
+
+def rescue(run_id: str, *, grace_ms: int, rescuer: str) -> Call:
+    """rescue.lua: "no lease and no rescue out within `grace_ms`" marks one. Reply 1 send a wake-up, 0 not."""
+    return Call("rescue", (k.lease(run_id), k.rescue(run_id)), (grace_ms, rescuer))
+
+
+def pop_expired(*, member: str, now_ms: int) -> Call:
+    """pop_expired.lua: remove `member` from the lease index if its deadline passed. Reply 1 removed, 0 not."""
+    return Call("pop_expired", (k.LEASE_INDEX,), (member, now_ms))
+
+
+def fault_hit(*, point: str, hit: str) -> Call:
+    """fault_hit.lua: fire armed fault `point` once more, recording `hit`. Reply 1 fires now, 0 not."""
+    return Call("fault_hit", (k.FAULTS, k.FAULT_HITS), (point, hit))
+
+
+def admit(*, unsent_key: str, user_slots_key: str, slot_owners_key: str, queue_keys: Sequence[str], run_id: str,
+          now_ms: int, max_queued: int, max_per_user: int, slot_ttl_ms: int, unsent_ttl_ms: int,
+          outside_backlog: int, user_id: str) -> Call:
+    """admit.lua: admit `run_id` under the global and per-user limits. Reply {ok, limit, count, extra}."""
+    return Call("admit", (unsent_key, user_slots_key, slot_owners_key, *queue_keys),
+                (run_id, now_ms, max_queued, max_per_user, slot_ttl_ms, unsent_ttl_ms, outside_backlog, user_id))
+
+
+def promote(*, large_queue_key: str, normal_queue_key: str) -> Call:
+    """promote.lua: move the oldest large message to the front of the normal queue while both wait. Reply
+    the moved message, or None."""
+    return Call("promote", (large_queue_key, normal_queue_key), ())

@@ -9,7 +9,7 @@ import time
 import redis
 import structlog
 
-from fencing import keys
+from fencing import keys, scripts
 from fencing.connection import get_redis, process_token
 from fencing.lease import Lease, now_ms, register
 from fencing.scripts import scripts_for
@@ -66,17 +66,17 @@ class Watchdog:
         if not leases:
             return
         client = get_redis()
-        scripts = scripts_for(client)
+        registered = scripts_for(client)
 
         def build(pipe: redis.client.Pipeline) -> None:
             for lease in leases:
-                scripts.queue(pipe, "renew", [lease.key], [lease.token, lease.ttl_ms])
+                registered.queue(pipe, scripts.renew(lease.run_id, token=lease.token, ttl_ms=lease.ttl_ms))
             deadline = now_ms()
             pipe.zadd(keys.LEASE_INDEX, {lease.member: deadline + lease.ttl_ms for lease in leases}, gt=True)
             pipe.zrem(keys.PRESUMED_DEAD, process_token())
             register(pipe, [lease.run_id for lease in leases])  # rebuilt after Redis lost it
 
-        results = scripts.execute(client, build)
+        results = registered.execute(client, build)
         self.renewals += 1
         if results[len(leases) + 1]:
             # Presumed dead by fast takeover while alive: a false positive. Counted; epochs kept it safe.

@@ -1,4 +1,6 @@
-"""The Celery app (`celery -A tasks worker`), the run_agent task and its wake-up sender."""
+"""The run_agent task of the Celery app (`celery -A tasks worker`), its worker signals and bootstep.
+
+The app object itself is tasks.celery_app's; wake-ups go out through tasks.wakeup."""
 
 from __future__ import annotations
 
@@ -6,18 +8,19 @@ from typing import Any
 
 import structlog
 from billiard.exceptions import WorkerLostError
-from celery import Celery, Task, signals
+from celery import Task, signals
 from celery.concurrency import asynpool
 from celery.worker.request import Request
 
-from fenced_core.log import configure as configure_logging
-from tasks import queues
+from tasks import wakeup
+from tasks.bootsteps import LivenessStep
+from tasks.celery_app import RUN_TASK, app
+from tasks.delivery import deliver
 
-configure_logging()
 log = structlog.get_logger("tasks.app")
-
-app = Celery("fenced")
-app.config_from_object("celeryconfig")
+# Kept for callers of the old names: both are the one sender's (tasks.wakeup).
+send_continuation = wakeup.continuation
+send_rescue = wakeup.rescue
 
 
 class RunRequest(Request):
@@ -35,9 +38,9 @@ class RunRequest(Request):
 
         run_id, pid = self.args[0], self.worker_pid
         try:
-            if pid and child_died(run_id, pid, send_rescue):
+            if pid and child_died(run_id, pid, wakeup.rescue):
                 log.warning("child_died_rescued", run_id=run_id, pid=pid)
-        except Exception as exc:  # the lease still expires; the reaper rescues then
+        except Exception as exc:  # Redis or the broker down: the lease still expires; the reaper rescues then
             log.warning("child_died_rescue_failed", run_id=run_id, error=repr(exc))
 
 
@@ -56,29 +59,14 @@ MAINTAIN_POOL_S = 0.25
 asynpool.AsynPool.timers = property(lambda self: {self.maintain_pool: MAINTAIN_POOL_S})
 
 
-@app.task(name="fenced.run_agent", bind=True, acks_late=True, ignore_result=True, Request=RunRequest,
+@app.task(name=RUN_TASK, bind=True, acks_late=True, ignore_result=True, Request=RunRequest,
           throws=(RunEnded,))
 def run_agent(self: Task, run_id: str, step: int | None = None) -> str:
     """Wake a run up: the run row decides what happens (see tasks.delivery and docs/design.md)."""
-    from tasks.delivery import deliver
-
-    outcome = deliver(run_id, step, send_next=send_continuation)
+    outcome = deliver(run_id, step, send_next=wakeup.continuation)
     if outcome in ("failed", "dead"):
         raise RunEnded(f"run {run_id} ended {outcome} in this delivery (see `fenced status {run_id}`)")
     return outcome
-
-
-def send_wakeup(run_id: str, step: int | None, queue: str, **options: Any) -> None:
-    """Send a wake-up message: it carries the run id and the step it wakes, nothing else."""
-    run_agent.apply_async(args=(run_id, step), queue=queue, routing_key=queue, **options)
-
-
-def send_continuation(run_id: str, step: int) -> None:
-    send_wakeup(run_id, step, queues.CONTINUE)
-
-
-def send_rescue(run_id: str) -> None:
-    send_wakeup(run_id, None, queues.CONTINUE)
 
 
 @signals.celeryd_after_setup.connect
@@ -127,7 +115,5 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
     timer.daemon = True
     timer.start()
 
-
-from tasks.bootsteps import LivenessStep  # noqa: E402  (needs `app` defined)
 
 app.steps["worker"].add(LivenessStep)

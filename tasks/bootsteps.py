@@ -9,6 +9,7 @@ import structlog
 from celery import bootsteps
 
 from fenced_core.settings import get_settings
+from tasks import queues, wakeup
 
 log = structlog.get_logger("tasks.bootsteps")
 
@@ -51,28 +52,27 @@ def _guarded(name: str, tick: Callable[[], object]) -> Callable[[], None]:
 
 def _check_connections() -> object:
     from fencing.liveness import check_connections
-    from tasks.app import send_rescue
 
-    return check_connections(send_rescue)
+    return check_connections(wakeup.rescue)
 
 
 def _reap() -> object:
     from fencing.reaper import reap
-    from tasks.app import send_rescue
 
-    return reap(send_rescue, get_settings().lease_ttl_ms)
+    return reap(wakeup.rescue, get_settings().lease_ttl_ms)
 
 
 def _sweep() -> object:
     from fencing.sweeper import sweep
-    from tasks.app import send_rescue
 
-    return sweep(send_rescue)
+    return sweep(wakeup.rescue)
 
 
 def _promote() -> object:
     from fencing.fairness import promote_large
-    from tasks import queues
 
     # One worker per interval (a SET NX PX lock inside), so the pace does not grow with the pool.
-    return promote_large(queues.LARGE, queues.NORMAL, get_settings().large_promote_every_ms)
+    run_id = promote_large(queues.LARGE, queues.NORMAL, get_settings().large_promote_every_ms)
+    if run_id:
+        wakeup.promoted(run_id, queues.LARGE, queues.NORMAL)
+    return run_id

@@ -6,18 +6,13 @@ import structlog
 
 from checkpoints import inputs, lifecycle, runs
 from checkpoints.lifecycle import Cancelled
-from fenced_core.errors import FencedOut, InvalidRequest, RunNotFound
-from fencing import admission, events, keys
-from fencing.connection import get_redis
+from fenced_core.errors import InvalidRequest, RunNotFound, StoreUnavailable
+from fencing import admission
 from fencing.epoch import raise_epoch
-from tasks import queues
-from tasks.app import send_wakeup
+from tasks import endings, wakeup
 from tasks.submit import ADMISSION_QUEUES
 
 log = structlog.get_logger("tasks.control")
-
-# The final event of a cancelled run: a fixed id, so a repeated one merges in any client.
-CANCELLED_EVENT = events.FINAL_EVENTS["cancelled"][0]
 
 
 def cancel_run(run_id: str, by: str, user_id: str | None = None) -> Cancelled:
@@ -33,47 +28,24 @@ def cancel_run(run_id: str, by: str, user_id: str | None = None) -> Cancelled:
     def raise_mirror(epoch: int) -> None:
         try:
             raise_epoch(run_id, epoch)
-        except Exception as exc:  # the database fences the holder anyway; raised again after the commit
+        except Exception as exc:  # best effort (must not raise): the database fences the holder; raised again after
             log.warning("cancel_mirror_failed", run_id=run_id, epoch=epoch, error=repr(exc))
 
     result = lifecycle.cancel(run_id, by, user_id, before_commit=raise_mirror)
     if result.noop and result.previous_state != "cancelled":
-        admission.release_slot(result.user_id, run_id)  # a finished run holds no slot; never raises
+        endings.ended_elsewhere(result.user_id, run_id)  # a finished run holds no slot
         return result
-    _after_cancel(result, by)
+    endings.cancelled(result, by)
     if not result.noop:
         log.info("cancelled", run_id=run_id, epoch=result.epoch, by=by, previous_state=result.previous_state)
     return result
-
-
-def _after_cancel(result: Cancelled, by: str) -> None:
-    """The Redis follow-ups of a committed cancel; each best effort and idempotent, none skips another."""
-    run_id, epoch = result.run_id, result.epoch
-    admission.release_slot(result.user_id, run_id)  # first, and it never raises: the user's slot comes back
-    try:
-        raise_epoch(run_id, epoch)  # again: the one inside the transaction may have failed, or Redis was wiped
-    except Exception as exc:
-        log.warning("cancel_mirror_failed", run_id=run_id, epoch=epoch, error=repr(exc))
-    try:
-        newest = get_redis().xrevrange(keys.events(run_id), count=1)
-        if not (newest and newest[0][1].get("eid") == CANCELLED_EVENT):  # type: ignore[union-attr]
-            data = {"by": by, "previous_state": result.previous_state, "credits_charged": result.credits_charged}
-            if result.noop:
-                data = {"by": by, "repaired": True}
-            events.append(run_id, epoch, *events.FINAL_EVENTS["cancelled"], -1, data)
-    except (Exception, FencedOut) as exc:  # no newer epoch can exist after a cancel; never raise anyway
-        log.warning("cancel_event_failed", run_id=run_id, epoch=epoch, error=repr(exc))
-    try:
-        get_redis().delete(keys.lease(run_id))  # the holder's watchdog sees it gone and stops at the next boundary
-    except Exception as exc:
-        log.warning("cancel_lease_delete_failed", run_id=run_id, epoch=epoch, error=repr(exc))
 
 
 def reply_to_run(run_id: str, text: str, by: str, user_id: str | None = None) -> inputs.Input:
     """Store a person's reply (the run goes back to queued in the same transaction), then wake the run.
     `user_id`: the run must be this user's (InvalidRequest otherwise, nothing written); None = operator."""
     step, answered = inputs.reply(run_id, text, by, user_id)
-    _wake(run_id, step)
+    _wake(run_id, step, "reply")
     return answered
 
 
@@ -95,7 +67,7 @@ def replay_dead_letter(run_id: str, by: str) -> int:
         _release_unless_replayed(run_id, run.user_id)
         raise
     try:
-        _wake(run_id, step)
+        _wake(run_id, step, "replay")
     finally:
         admission.mark_sent(run_id)  # the wake-up is on the continuation queue (or the sweeper owns it)
     return step
@@ -106,15 +78,15 @@ def _release_unless_replayed(run_id: str, user_id: str) -> None:
     whose first commit landed raises "not dead"): then the slot is the replayed run's."""
     try:
         run = runs.get_run(run_id)
-    except Exception as exc:  # in doubt keep it: the sweeper frees a slot whose run is not live
+    except StoreUnavailable as exc:  # in doubt keep it: the sweeper frees a slot whose run is not live
         log.warning("replay_slot_kept", run_id=run_id, error=repr(exc))
         return
     if run is None or run.state == "dead":
         admission.release_slot(user_id, run_id)
 
 
-def _wake(run_id: str, step: int) -> None:
+def _wake(run_id: str, step: int, reason: wakeup.Reason) -> None:
     try:
-        send_wakeup(run_id, step, queues.CONTINUE)
-    except Exception as exc:  # committed is committed: the sweeper sends the wake-up
+        wakeup.send(run_id, step, reason)
+    except Exception as exc:  # any broker error: committed is committed, the sweeper sends the wake-up
         log.warning("wakeup_send_failed", run_id=run_id, error=repr(exc))

@@ -7,21 +7,24 @@ from collections.abc import Callable
 import structlog
 
 from checkpoints import ledger, runs
-from checkpoints.db import is_transient_db_error
-from fenced_core.errors import FencedOut, LeaseLost
+from fenced_core.errors import FencedOut, LeaseLost, StoreUnavailable
 from fenced_core.settings import get_settings
-from fencing import admission, events, keys
-from fencing.connection import get_redis
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms, rescue_answered
 from fencing.watchdog import get_watchdog
-from tasks.step import FINAL_EVENTS, StepRunner, dead_letter
+from tasks import endings, hooks, wakeup
+from tasks.step import StepRunner
 
 log = structlog.get_logger("tasks.delivery")
 
 
-def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]) -> str:
-    """Handle one wake-up; returns what happened (for logs and tests). `send_next(run_id, step)` sends."""
+def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None] = wakeup.continuation) -> str:
+    """Handle one wake-up; returns what happened (for logs and tests). `send_next(run_id, step)` sends the
+    continuation, after the lease is handed over (never before: it would be dropped as a duplicate).
+
+    A store outage (StoreUnavailable) mid-delivery ends it "store_unavailable": the lease is let go with
+    our index entry due now, so the reaper rescues the run on its next tick; a crash anywhere is taken
+    over from the last checkpoint."""
     s = get_settings()
     run = runs.peek_run(run_id)
     if run is None:
@@ -30,8 +33,7 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         return "unknown"
     if run.terminal:
         # Its holder may have died between the terminal commit and the final event or the slot release.
-        _repair_final_event(run)
-        admission.release_slot(run.user_id, run_id)
+        endings.repair(run)
     if run.terminal or run.state == "waiting":
         log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
         if step is None:  # a rescue (rescues carry no step): answered
@@ -58,17 +60,20 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
             outcome = "skipped"
             now = runs.peek_run(run_id)
             if now is not None and now.terminal:
-                _repair_final_event(now)
+                endings.repair(now)
             log.info("not_live_at_claim", run_id=run_id, state=now.state if now else None)
             return outcome
         lease.epoch = claim.epoch
         blog = log.bind(run_id=run_id, epoch=claim.epoch, step=claim.run.step)
+        hooks.claimed(run_id, claim.epoch, claim.run.step, claim.run.agent)
+        if claim.takeover:
+            hooks.took_over(run_id, claim.epoch, claim.run.step, claim.previous_owner, claim.run.phase)
         # The step raises the epoch mirror with its first event append (one round trip less); a dead
         # letter appends nothing before its fenced database write, so it raises the mirror here.
         if claim.deliveries > s.max_deliveries:
             if raise_epoch(run_id, claim.epoch) > claim.epoch:
                 raise FencedOut(run_id, claim.epoch, "epoch mirror")
-            dead_letter(claim, f"step {claim.run.step} claimed {claim.deliveries - 1} times without finishing",
+            endings.dead_letter(claim, f"step {claim.run.step} claimed {claim.deliveries - 1} times without finishing",
                         {"worker": lease.token, "phase": claim.run.phase, "previous_owner": claim.run.owner})
             outcome = "dead"
             return outcome
@@ -82,6 +87,7 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         log.warning("fenced_out", run_id=run_id, epoch=exc.epoch, at=exc.what)
         if claim is not None:
             _close(claim, "fenced_out", str(exc))
+            hooks.fenced_out(run_id, claim.epoch, exc.what)
             ledger.record(run_id, claim.epoch, lease.token, "fence_rejected",
                           f"write refused at {exc.what}: a newer epoch owns the run; stopped without terminal write")
         return outcome
@@ -92,42 +98,21 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         if claim is not None:
             _close(claim, "step_timeout" if lease.timed_out else "lease_lost", str(exc))
         return outcome
-    except Exception as exc:
-        if not is_transient_db_error(exc):
-            raise
-        outcome = "db_unavailable"
-        log.error("db_unavailable", run_id=run_id, epoch=claim.epoch if claim else None, error=repr(exc))
+    except StoreUnavailable as exc:
+        outcome = "store_unavailable"
+        log.error("store_unavailable", run_id=run_id, epoch=claim.epoch if claim else None, error=repr(exc))
         return outcome
     finally:
         watchdog.untrack(lease)
-        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "db_unavailable", "error"))
+        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", "error"))
         if handoff is not None:
             send_next(run_id, handoff)
-
-
-def _repair_final_event(run: runs.Run) -> None:
-    """A holder that died between its terminal commit and its final event left the stream without
-    it (its lease was never released, so a rescue always brings us here). The row is the truth: say it
-    with the same event id, so a client that merges by id shows it once."""
-    final = FINAL_EVENTS.get(run.state)
-    if final is None:
-        return
-    try:
-        newest = get_redis().xrevrange(keys.events(run.run_id), count=1)
-        if newest and newest[0][1].get("eid") == final[0]:  # type: ignore[union-attr]
-            return
-        data = {"answer": run.answer, "repaired": True} if run.state == "done" else {
-            "error_class": run.error_class, "error": run.error, "repaired": True}
-        events.append(run.run_id, run.epoch, final[0], final[1], run.step, data)
-        log.warning("final_event_repaired", run_id=run.run_id, epoch=run.epoch, state=run.state)
-    except Exception as exc:  # best effort: the database already says how the run ended
-        log.warning("final_event_repair_failed", run_id=run.run_id, epoch=run.epoch, error=repr(exc))
 
 
 def _close(claim: runs.Claim, outcome: str, error: str) -> None:
     try:
         runs.end_attempt(claim.attempt_id, outcome, error)
-    except Exception as exc:  # the record is best effort; the fence already did its job
+    except StoreUnavailable as exc:  # the record is best effort; the fence already did its job
         log.warning("attempt_close_failed", run_id=claim.run.run_id, epoch=claim.epoch, error=repr(exc))
 
 
@@ -145,5 +130,5 @@ def _let_go(lease: Lease, handoff: int | None, rescue_soon: bool) -> None:
             lease.release(None, watch_until_ms=now_ms())
         else:
             lease.release(handoff)
-    except Exception as exc:  # Redis down: the lease expires by itself and the sweeper takes over
+    except StoreUnavailable as exc:  # Redis down: the lease expires by itself and the sweeper takes over
         log.warning("lease_release_failed", run_id=lease.run_id, error=repr(exc))

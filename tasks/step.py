@@ -4,7 +4,8 @@ A program (an agent's loop, a FencedTask's steps, an adapter) does the work thro
 `emit` appends events fenced by the epoch mirror, `boundary` stops a holder that lost its lease,
 `with_retries` classifies and retries failures, `write_decided`/`step_done`/`finish` are the fenced
 checkpoint and terminal writes. Failures the program raises end here: a StepError fails the run, a
-FixableError or WaitForInput parks it, exhausted retries dead-letter it.
+FixableError or WaitForInput parks it, exhausted retries dead-letter it. What follows a terminal write
+(slot, final event, hooks) is tasks.endings'.
 """
 
 from __future__ import annotations
@@ -17,23 +18,22 @@ from typing import Any
 import structlog
 
 from checkpoints import inputs, runs
-from checkpoints.db import is_transient_db_error
 from checkpoints.runs import Claim, Usage
 from fenced_core.errors import (
     FencedOut,
     FixableError,
     LeaseLost,
     StepError,
+    StoreUnavailable,
     TerminalError,
     TransientError,
     WaitForInput,
 )
 from fenced_core.settings import get_settings
-from fencing import admission, events, faults, keys
-from fencing.connection import get_redis
+from fencing import events, faults
 from fencing.lease import Lease, now_ms
 from fencing.watchdog import get_watchdog
-from tasks import context, programs
+from tasks import context, endings, hooks, programs
 
 log = structlog.get_logger("tasks.step")
 
@@ -101,8 +101,8 @@ class StepRunner:
     def with_retries(self, what: str, fn: Any) -> Any:
         """Retry transient failures with min(base * 2^n, cap) + jitter, within the step's budget.
 
-        A StepError keeps its class; a database outage counts as transient; any other exception from
-        a model or tool is a bug in it and terminal."""
+        A StepError keeps its class; a store outage (StoreUnavailable: the database or Redis) counts as
+        transient; any other exception from a model or tool is a bug in it and terminal."""
         s = self.settings
         for attempt in range(s.retry_budget + 1):
             try:
@@ -111,10 +111,10 @@ class StepRunner:
                 error: Exception = exc
             except StepError:
                 raise
-            except Exception as exc:
-                if not is_transient_db_error(exc):
-                    raise TerminalError(f"{what} raised {exc!r}") from exc
+            except StoreUnavailable as exc:
                 error = exc
+            except Exception as exc:
+                raise TerminalError(f"{what} raised {exc!r}") from exc
             if attempt == s.retry_budget:
                 raise RetriesExhausted(f"{what}: {error} (after {attempt} retries)") from error
             delay_ms = min(s.retry_base_ms * 2**attempt, s.retry_cap_ms)
@@ -140,6 +140,7 @@ class StepRunner:
         self.emit(f"s{self.step}:done", "step_done", {"name": name})
         runs.write_step_done(self.c, self.step, self.checkpoint(), self.usage, self.last_event_id)
         self.log.info("step_done")
+        hooks.step_done(self.run_id, self.c.epoch, self.step, name)
         return Outcome("continue", next_step=self.step + 1)
 
     def finish(self, record: dict[str, Any] | None, answer: str) -> Outcome:
@@ -149,8 +150,7 @@ class StepRunner:
         if record is not None:
             self.history.append(record)
         charge = runs.finish(self.c, "done", self.checkpoint(), self.usage, self.last_event_id, answer=answer)
-        admission.release_slot(self.c.run.user_id, self.run_id)
-        self.emit(*FINAL_EVENTS["done"], {"answer": answer, "credits_charged": charge})
+        endings.finished(self.c, "done", {"answer": answer, "credits_charged": charge}, self.emit)
         self.log.info("run_done", credits=charge)
         faults.point("after_terminal_write", self.run_id)
         return Outcome("done")
@@ -221,29 +221,11 @@ class StepRunner:
         error_class = exc.failure_class
         charge = runs.finish(self.c, "failed", self.checkpoint(), self.usage, self.last_event_id,
                              error_class=error_class, error=str(exc))
-        admission.release_slot(self.c.run.user_id, self.run_id)
-        self.emit(*FINAL_EVENTS["failed"], {"error_class": error_class, "error": str(exc),
-                                               "credits_charged": charge})
+        endings.finished(self.c, "failed", {"error_class": error_class, "error": str(exc), "credits_charged": charge},
+                         self.emit)
         self.log.warning("run_failed", error_class=error_class, error=str(exc))
         return Outcome("failed")
 
     def _dead(self, reason: str) -> Outcome:
-        dead_letter(self.c, reason, {"step": self.step, "history_steps": len(self.history)})
+        endings.dead_letter(self.c, reason, {"step": self.step, "history_steps": len(self.history)})
         return Outcome("dead")
-
-
-def dead_letter(c: Claim, reason: str, observations: dict[str, Any]) -> None:
-    """Dead-letter the run in the database, add it to the capped dead-letter stream, end its event
-    stream with `run_dead` (a lost one is repaired by the next delivery, which finds the run dead)."""
-    attempts = runs.dead_letter(c, reason, observations)
-    admission.release_slot(c.run.user_id, c.run.run_id)
-    s = get_settings()
-    try:
-        get_redis().xadd(keys.DEAD_LETTERS, {"run_id": c.run.run_id, "step": str(c.run.step), "reason": reason,
-                                             "attempts": str(len(attempts)), "at_ms": str(int(time.time() * 1000))},
-                         maxlen=s.dead_letter_keep, approximate=False)
-        events.append(c.run.run_id, c.epoch, *FINAL_EVENTS["dead"], c.run.step, {"reason": reason},
-                      raise_mirror=True)
-    except (Exception, FencedOut) as exc:  # the database says dead; the stream is repaired later
-        log.warning("dead_letter_redis_failed", run_id=c.run.run_id, epoch=c.epoch, error=repr(exc))
-    log.error("dead_lettered", run_id=c.run.run_id, epoch=c.epoch, reason=reason)

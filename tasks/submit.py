@@ -10,9 +10,9 @@ from sqlalchemy.engine import Connection
 
 from checkpoints import billing, runs
 from checkpoints.db import in_txn, is_missing_schema, transaction
-from fenced_core.errors import FencedOut, InvalidRequest
+from fenced_core.errors import FencedOut, InvalidRequest, StoreUnavailable
 from fencing import admission, events
-from tasks import queues
+from tasks import queues, wakeup
 
 log = structlog.get_logger("tasks.submit")
 
@@ -43,7 +43,6 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
     then nothing was written. If the process dies between the commit and the send, the sweeper sends
     the wake-up."""
     from fenced_core.settings import get_settings
-    from tasks.app import run_agent
 
     agent = agent or get_settings().default_agent
     runs.validate_request(user_id, kind, query)
@@ -79,12 +78,11 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
         events.append(run_id, 0, "run:queued", "run_queued", 0, {"kind": kind, "credits_held": credits})
     except FencedOut:
         pass  # a worker claimed the run already: its stream goes on without the queued event
-    except Exception as exc:  # the stream is best effort; the row is the truth
+    except StoreUnavailable as exc:  # the stream is best effort; the row is the truth
         log.warning("queued_event_failed", run_id=run_id, epoch=0, error=repr(exc))
     try:
-        run_agent.apply_async(args=(run_id, None), task_id=run_id, queue=queues.for_kind(kind),
-                              routing_key=queues.for_kind(kind))
-    except Exception as exc:  # committed is committed: the sweeper sends the wake-up; never lose the id
+        wakeup.send(run_id, None, "submit", kind=kind)
+    except Exception as exc:  # any broker error: committed is committed, the sweeper sends the wake-up
         log.error("wakeup_send_failed", run_id=run_id, epoch=0, error=repr(exc))
     else:
         log.info("submitted", run_id=run_id, epoch=0, kind=kind, credits_held=credits)
