@@ -14,6 +14,7 @@ from agents.model import AgentContext
 from examples.shopping.stub import STEPS, StubModel
 from examples.shopping.tools import TOOLS
 
+BY_NAME = {t.name: t for t in TOOLS}
 QUERY = "wireless headphones under $100"
 STEPS_PER_RUN = len(STEPS)
 
@@ -21,7 +22,8 @@ STEPS_PER_RUN = len(STEPS)
 def agent_step(run_id: str, step: int, history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """Run step `step`; returns the history with it appended, and the answer once the run is final."""
     decision = StubModel().decide(AgentContext(run_id, QUERY, "normal", step, history))
-    results = {c.id: TOOLS[c.name].fn(c.args) for c in decision.tool_calls}
+    # The tools' plain functions (no run context here: the baselines have none).
+    results = {c.id: BY_NAME[c.name](**c.args) for c in decision.tool_calls}
     entry = {"step": step, "name": decision.name, "text": decision.text,
              "tool_calls": [c.__dict__ for c in decision.tool_calls], "results": results}
     return [*history, entry], decision.answer if decision.final else None

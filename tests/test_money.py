@@ -14,9 +14,8 @@ from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Claim, Usage
 from checkpoints.schema import dead_letters, run_holds, user_accounts
 from checkpoints.schema import effects as effects_table
-from examples.shopping import cards, catalog
+from examples.shopping import cards, catalog, shopping
 from examples.shopping.schema import cart_cards, orders
-from examples.shopping.tools import TOOLS
 from fenced_core.errors import AdmissionRefused, FixableError, InsufficientCredits, InvalidRequest
 from fencing import admission, keys
 from fencing.connection import get_redis
@@ -41,7 +40,7 @@ def claim(run_id: str, token: str) -> Claim:
 
 def add_to_cart(c: Claim, args: dict[str, Any], call_id: str = "call-1") -> dict[str, Any]:
     with context.running(context.RunContext(c, c.run.step, call_id)):
-        return TOOLS["add_to_cart"].fn(args)
+        return shopping.tools["add_to_cart"].call(args)
 
 
 def count(table: sa.Table) -> int:

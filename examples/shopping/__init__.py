@@ -1,27 +1,36 @@
-"""The demo shopping agent (plan -> search -> compare -> summarise, maybe an add-to-cart card).
+"""The demo shopping agent (plan -> search -> compare -> summarise, maybe an add-to-cart card), on the public API.
 
 Importing this module registers the agent `shopping` in the process: the worker imports it through
-celeryconfig's `imports`."""
+FENCED_IMPORTS (celeryconfig's `imports`). Its model is FENCED_MODEL: the deterministic stub
+(examples/shopping/stub.py) or an OpenAI-compatible endpoint (FENCED_OPENAI_BASE_URL, _API_KEY, _MODEL).
+"""
 
 from __future__ import annotations
 
-from agents.loop import AgentLoop
-from agents.model import Model
+import functools
+
+from agents import Agent  # the public name; `fenced` is to re-export it
 from examples.shopping.settings import get_shopping_settings
 from examples.shopping.tools import TOOLS
-from tasks import programs
+from fenced.models import Model, OpenAICompatible
+
+INSTRUCTIONS = ("You are a shopping assistant. Use the tools to search, compare and, when the user asks to buy, "
+                "add to cart. Answer without tools when you are done.")
 
 
 def get_model() -> Model:
-    """The configured model (FENCED_MODEL): the deterministic stub, or an OpenAI-compatible endpoint."""
-    if get_shopping_settings().model == "openai":
-        from examples.shopping.openai_compat import OpenAICompatModel
-
-        return OpenAICompatModel()
+    """The configured model (FENCED_MODEL), made for each step from the settings as they are then."""
+    s = get_shopping_settings()
+    if s.model == "openai":
+        return _openai(s.openai_model, s.openai_base_url, s.openai_api_key)
     from examples.shopping.stub import StubModel
 
     return StubModel()
 
 
-shopping = AgentLoop("shopping", get_model, TOOLS, tool_delay_s=lambda: get_shopping_settings().stub_tool_ms / 1000)
-programs.register(shopping)
+@functools.cache
+def _openai(model: str, base_url: str, api_key: str) -> OpenAICompatible:
+    return OpenAICompatible(model, base_url=base_url, api_key=api_key)  # one HTTP client per endpoint
+
+
+shopping = Agent("shopping", model=get_model, instructions=INSTRUCTIONS, max_steps=8, tools=TOOLS)

@@ -22,7 +22,7 @@ from checkpoints.runs import Claim, now_ms
 from checkpoints.schema import TERMINAL_STATES, run_checkpoints
 from examples.shopping.schema import cart_cards, orders
 from examples.shopping.settings import get_shopping_settings
-from fenced_core.errors import InvalidRequest
+from fenced import InvalidRequest
 from fencing import faults
 
 ACTION = "add_to_cart"  # the effect's action: part of every card's request key

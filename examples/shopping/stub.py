@@ -17,9 +17,9 @@ import time
 import uuid
 from typing import Any
 
-from agents.model import AgentContext, Decision, ToolCall
 from examples.shopping.settings import get_shopping_settings
-from fenced_core.errors import TerminalError, TransientError
+from fenced import TerminalError, TransientError
+from fenced.models import AgentContext, Decision, ToolCall
 from fenced_core.settings import get_settings
 from fencing.metering import count_paid_call
 

@@ -1,36 +1,85 @@
-"""The demo agent's tools: read-only ones rerun on replay, the effect hits its idempotency key."""
+"""The shopping agent's tools, plain typed functions: item_search and compare are read-only (rerun when a
+step is replayed); add_to_cart offers a cart confirmation card once per decision (examples/shopping/cards.py).
+
+Their schemas for the model come from the type hints and docstrings (agents.tools). The demo's tools
+answer at once; FENCED_STUB_TOOL_MS makes each call take that long, like a real tool (chaos, bench).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Annotated, Any
 
-from agents.loop import Tool
+from pydantic import Field, WithJsonSchema
+
+from agents import tool  # the public name; `fenced` is to re-export it
 from examples.shopping import catalog
 from examples.shopping.cards import MAX_QTY, create_cart_card
-from fenced_core.errors import FixableError, TerminalError
-from tasks import context
+from examples.shopping.settings import get_shopping_settings
+from fenced import FixableError, TerminalError, current_run
 
 
-def _item_search(args: dict[str, Any]) -> Any:
-    return catalog.search(str(args.get("query", "")), int(args.get("limit", 5)))
+def _tool_latency() -> None:
+    delay_ms = get_shopping_settings().stub_tool_ms
+    if delay_ms:
+        time.sleep(delay_ms / 1000)
 
 
-def _compare(args: dict[str, Any]) -> Any:
-    ids = list(args.get("item_ids", []))
-    missing = [i for i in ids if i not in catalog.BY_ID]
+@tool
+def item_search(query: str, limit: Annotated[int, Field(ge=1, le=50)] = 5) -> list[dict[str, Any]]:
+    """Search the catalog; the best rated matches first.
+
+    Args:
+        query: what the person is looking for, in their words.
+        limit: how many items to return.
+    """
+    _tool_latency()
+    return catalog.search(query, limit)
+
+
+@tool
+def compare(item_ids: list[str]) -> dict[str, Any]:
+    """Rank items by value (rating per dollar, rating breaks ties); `best` is the first.
+
+    Args:
+        item_ids: catalog ids of the items to compare, such as 'sku-001'.
+    """
+    _tool_latency()
+    missing = [i for i in item_ids if i not in catalog.BY_ID]
     if missing:
         raise TerminalError(f"compare: unknown item ids {missing}")
-    items = [catalog.BY_ID[i] for i in ids]
-    # Best value: rating per dollar, rating breaks ties.
+    items = [catalog.BY_ID[i] for i in item_ids]
     ranked = sorted(items, key=lambda i: (-(i["rating"] / (i["price_cents"] / 100)), -i["rating"], i["id"]))
     return {"ranked": [i["id"] for i in ranked], "best": ranked[0] if ranked else None}
 
 
-def _add_to_cart(args: dict[str, Any]) -> Any:
+# The schema the model is shown; the values themselves are checked by cart_request, whose FixableErrors
+# name the field (items[n].qty ...) so the model, or the person, can correct them.
+CART_ITEMS_SCHEMA = {
+    "type": "array", "minItems": 1,
+    "items": {"type": "object", "required": ["id"], "properties": {
+        "id": {"type": "string", "description": "a catalog id such as 'sku-001'"},
+        "qty": {"type": "integer", "minimum": 1, "maximum": MAX_QTY, "default": 1}}},
+}
+
+
+@tool(name="add_to_cart")
+def add_to_cart(items: Annotated[Any, WithJsonSchema(CART_ITEMS_SCHEMA)] = None) -> dict[str, Any]:
+    """Offer the person a cart confirmation card for these items; they confirm it to place the order.
+
+    Safe to run again: the card is created once per run and decision (item ids and quantities), and a
+    replay after a crash or a takeover returns the first card (a fresh one if that expired unconfirmed).
+
+    Args:
+        items: the items and how many of each (qty 1 to 99, default 1).
+    """
+    # Not an @effect: the card is its own once-only record (cards.create_cart_card, on perform_once),
+    # keyed by the sorted decision and renewed when expired, written in the effect's fenced transaction.
+    _tool_latency()
     # The card is keyed by the decision (ids and quantities); name and price are looked up now and
     # fixed on the card when it is first created.
-    items = [{**catalog.BY_ID[item_id], "qty": qty} for item_id, qty in cart_request(args)]
-    card = create_cart_card(context.current().claim, items)
+    lines = [{**catalog.BY_ID[item_id], "qty": qty} for item_id, qty in cart_request({"items": items})]
+    card = create_cart_card(current_run().claim, lines)
     return {"card_id": card.card_id, "total_cents": card.total_cents, "reused": card.reused}
 
 
@@ -68,19 +117,4 @@ def cart_request(args: dict[str, Any]) -> list[tuple[str, int]]:
     return sorted(qty_by_id.items())
 
 
-def _ask_user(args: dict[str, Any]) -> Any:
-    """Ask the person; the first time the run parks, on replay the stored reply is the result."""
-    question = str(args.get("question", "")).strip() or "Could you tell me more?"
-    return {"reply": context.ask_user(question)}
-
-
-TOOLS: dict[str, Tool] = {
-    t.name: t
-    for t in (
-        Tool("item_search", _item_search, read_only=True),
-        Tool("compare", _compare, read_only=True),
-        Tool("add_to_cart", _add_to_cart, read_only=False),
-        Tool("ask_user", _ask_user, read_only=False),
-    )
-}
-
+TOOLS = (item_search, compare, add_to_cart)
