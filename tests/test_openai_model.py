@@ -89,3 +89,10 @@ def test_provider_errors_are_classified(model, status, error):
     REPLIES.append((status, {"error": "x"}))
     with pytest.raises(error):
         model.decide(CTX)
+
+
+def test_a_bad_model_setting_on_a_worker_fails_the_run_naming_the_variable(settings_env):
+    assert get_shopping_settings().model == "stub"  # cached: settings_env must clear the example's cache too
+    settings_env(model="antropic")
+    with pytest.raises(TerminalError, match=r"FENCED_MODEL='antropic'.*'stub' or 'openai'"):
+        get_model()

@@ -12,15 +12,23 @@ import functools
 from agents import Agent  # the public name; `fenced` is to re-export it
 from examples.shopping.settings import get_shopping_settings
 from examples.shopping.tools import TOOLS
+from fenced import TerminalError
 from fenced.models import Model, OpenAICompatible
+from fenced_core.errors import ConfigError
 
 INSTRUCTIONS = ("You are a shopping assistant. Use the tools to search, compare and, when the user asks to buy, "
                 "add to cart. Answer without tools when you are done.")
 
 
 def get_model() -> Model:
-    """The configured model (FENCED_MODEL), made for each step from the settings as they are then."""
-    s = get_shopping_settings()
+    """The configured model (FENCED_MODEL), made for each step from the settings as they are then.
+
+    A bad demo setting on a worker (the CLI refuses it at start) fails the run as terminal, naming the
+    variable: no delivery is retried for it, so it is never dead-lettered as a crash."""
+    try:
+        s = get_shopping_settings()
+    except ConfigError as exc:
+        raise TerminalError(f"the shopping agent's settings: {exc}") from None
     if s.model == "openai":
         return _openai(s.openai_model, s.openai_base_url, s.openai_api_key)
     from examples.shopping.stub import StubModel
