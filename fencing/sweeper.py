@@ -27,8 +27,16 @@ PAGE = 500
 MAX_PAGES = 20
 
 
-def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
-    """One sweep, if no other worker swept within the interval (or `force`). Returns runs rescued."""
+# (user_id, run_id) of a run the sweep just ended `failed`/expired: tasks.endings.expired follows it up
+# (slot, final event, hooks); without one, the slot and the final event are done here.
+Expired = Callable[[str, str], None]
+
+
+def sweep(send: Callable[[str], None], force: bool = False, expired: Expired | None = None) -> list[str]:
+    """One sweep, if no other worker swept within the interval (or `force`). Returns runs rescued.
+
+    `expired(user_id, run_id)` follows up each run whose hold expired before any worker claimed it
+    (its row is `failed`, class "expired", once this sweep's transaction committed)."""
     s = get_settings()
     client = get_redis()
     if not force and not client.set(keys.SWEEPER_LOCK, process_token(), nx=True, px=s.sweeper_interval_ms):
@@ -61,9 +69,10 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
         after = (stalled[-1][3], stalled[-1][0])
     closed = in_txn(lifecycle.close_stale_holds_txn, now, process_token())
     for hold in closed:
-        admission.release_slot(hold.user_id, hold.run_id)
         if hold.outcome == "released":
-            _expired_event(hold.run_id)
+            (expired or _expired)(hold.user_id, hold.run_id)
+        else:
+            admission.release_slot(hold.user_id, hold.run_id)
     if closed:
         log.warning("holds_closed", released=sum(h.outcome == "released" for h in closed),
                     settled=sum(h.outcome == "settled" for h in closed))
@@ -75,10 +84,18 @@ def sweep(send: Callable[[str], None], force: bool = False) -> list[str]:
     return rescued
 
 
-def _expired_event(run_id: str) -> None:
-    """An expired run (never claimed; its row now `failed`) ends its stream like every terminal state."""
+EXPIRED_EVENT_DATA = {"error_class": "expired", "error": "no worker picked the run up before its hold expired"}
+
+
+def _expired(user_id: str, run_id: str) -> None:
+    admission.release_slot(user_id, run_id)
+    end_expired_stream(run_id)
+
+
+def end_expired_stream(run_id: str) -> None:
+    """An expired run (never claimed; its row now `failed`) ends its stream like every terminal state.
+    Best effort, never raises: the row is the truth, and a later wake-up repairs the stream."""
     try:
-        events.append(run_id, 0, *events.FINAL_EVENTS["failed"], 0,
-                      {"error_class": "expired", "error": "no worker picked the run up before its hold expired"})
-    except (Exception, FencedOut) as exc:  # the row is the truth; a later wake-up repairs the stream
+        events.append_final(run_id, 0, "failed", 0, dict(EXPIRED_EVENT_DATA))
+    except (Exception, FencedOut) as exc:  # best effort after the commit (see above)
         log.warning("expired_event_failed", run_id=run_id, error=repr(exc))

@@ -64,8 +64,9 @@ def _reap() -> object:
 
 def _sweep() -> object:
     from fencing.sweeper import sweep
+    from tasks.endings import expired
 
-    return sweep(wakeup.rescue)
+    return sweep(wakeup.rescue, expired=expired)
 
 
 def _promote() -> object:

@@ -21,7 +21,7 @@ from checkpoints import runs
 from checkpoints.lifecycle import Cancelled
 from checkpoints.runs import Claim
 from fenced_core.errors import FencedOut
-from fencing import admission, dead_letters, events, lease
+from fencing import admission, dead_letters, events, lease, sweeper
 from fencing.epoch import raise_epoch
 from tasks import hooks
 
@@ -85,6 +85,14 @@ def cancelled(result: Cancelled, by: str) -> None:
         log.warning("cancel_lease_delete_failed", run_id=run_id, epoch=epoch, error=repr(exc))
     if not result.noop:
         hooks.finished(run_id, epoch, "cancelled", data)
+
+
+def expired(user_id: str, run_id: str) -> None:
+    """Follow up a run the sweeper ended `failed` (class "expired": its hold ran out before any worker
+    claimed it; the sweeper's transaction committed): slot back, final event, then on_finished."""
+    admission.release_slot(user_id, run_id)
+    sweeper.end_expired_stream(run_id)
+    hooks.finished(run_id, 0, "failed", dict(sweeper.EXPIRED_EVENT_DATA))
 
 
 def ended_elsewhere(user_id: str, run_id: str) -> None:

@@ -214,3 +214,17 @@ def test_every_script_has_one_typed_wrapper_and_no_call_site_names_argv():
             if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
                     and node.args[0].value in scripts.Scripts.NAMES:
                 raise AssertionError(f"{path.name}:{node.lineno} runs a script by name with raw KEYS/ARGV")
+
+
+def test_an_expired_run_is_ended_through_the_same_place(mysql_store, redis_client, settings_env, recorder):
+    from checkpoints.schema import run_holds
+    from fencing import sweeper
+
+    settings_env(hold_expiry_s=1)
+    run_id = submit_run("u1", "buy a mug")
+    with transaction() as conn:
+        conn.execute(run_holds.update().where(run_holds.c.run_id == run_id).values(expires_at_ms=1))
+    sweeper.sweep(lambda _r: None, force=True, expired=endings.expired)
+    assert runs.get_run(run_id).error_class == "expired"
+    assert events.newest_eid(run_id) == "run:failed" and slots(redis_client) == []
+    assert recorder.calls == [("on_finished:failed", run_id, 0)]
