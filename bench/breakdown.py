@@ -31,7 +31,7 @@ PIECES = (
     ("admission release", "fencing.admission", "release_slot"),
     ("lease release", "fencing.lease.Lease", "release"),
     ("work (model + tools)", "examples.shopping.stub.StubModel", "decide"),
-    ("work (model + tools)", "agents.loop.AgentLoop", "_call"),
+    ("work (model + tools)", "fenced_agents.loop.AgentLoop", "_call"),
 )
 
 

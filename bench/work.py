@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.model import AgentContext
 from examples.shopping.stub import STEPS, StubModel
 from examples.shopping.tools import TOOLS
+from fenced_agents.model import AgentContext
 
 BY_NAME = {t.name: t for t in TOOLS}
 QUERY = "wireless headphones under $100"

@@ -38,6 +38,8 @@ class ChaosConfig:
     log_dir: Path = field(default_factory=lambda: REPO_ROOT / ".fenced" / "chaos")
     cwd: Path = REPO_ROOT  # the mutation check runs workers from a patched copy
     finish_timeout_s: float = 0.0  # 0: derived from the lease
+    app: str = ""  # a user's module the workers import besides FENCED_IMPORTS (`fenced chaos --app`)
+    agent: str = ""  # the agent the scenarios' runs are submitted to ("" = FENCED_DEFAULT_AGENT)
 
     def worker_env(self, **overrides: str) -> dict[str, str]:
         heartbeat = max(100, self.lease_ms // 4)
@@ -53,6 +55,12 @@ class ChaosConfig:
             "FENCED_FAULTS_ENABLED": "1",
             "FENCED_STUB_COUNT_PAID": "1",
         }
+        if self.app:
+            from fenced_core.settings import get_settings
+
+            env["FENCED_IMPORTS"] = ",".join(m for m in (get_settings().imports, self.app) if m)
+        if self.agent:
+            env["FENCED_DEFAULT_AGENT"] = self.agent
         return {**os.environ, **env, **overrides}
 
     @property

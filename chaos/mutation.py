@@ -52,7 +52,7 @@ class Mutation:
     scenario: str  # a key of scenario_functions()
     kwargs: dict[str, int]
     conditions: tuple[str, ...]  # the mutant must fail on one of these
-    cfg: dict[str, int] = field(default_factory=dict)  # ChaosConfig overrides for both runs
+    cfg: dict[str, Any] = field(default_factory=dict)  # ChaosConfig overrides for both runs
     probes: tuple[Edit, ...] = ()  # applied to the control and the mutant alike
     equivalent: str = ""  # why no scenario can catch it ("" = it must be caught)
     blocked: str = ""  # a defect elsewhere that keeps the mutated code from running: not caught until fixed
@@ -62,7 +62,7 @@ class Mutation:
 # A fault point before each tool call, named after the tool (`before_ask_user`): the only place a holder
 # can freeze between its tool's start event (fenced by the Redis epoch mirror) and the tool's own write.
 TOOL_PROBE = Edit(
-    "agents/loop.py",
+    "fenced_agents/loop.py",
     '            tool = self.tools.get(call.name)\n',
     '            faults.point(f"before_{call.name}", runner.run_id)  # mutation probe\n'
     '            tool = self.tools.get(call.name)\n',

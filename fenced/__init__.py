@@ -1,6 +1,10 @@
 """fenced: durable, fenced, resumable agent runs on Celery. The public API; this module defines nothing.
 
+- `Agent`, `tool`, `effect`, `ToolContext`: agents from a model and plain typed functions (fenced_agents);
+  model adapters in `fenced.models`, a pydantic-ai agent wrapped in `fenced.pydantic_ai` (optional extra).
 - `FencedTask`, `step`: durable multi-step Celery tasks (tasks.fenced_task).
+- `Hooks`, `add_hooks`, `remove_hooks`: react to claims, takeovers, steps, fence rejections, dead letters
+  and endings, outside every transaction (tasks.hooks).
 - `once`, `ask_user`, `current_run`: effects once per run, questions to a person, the run being executed
   (tasks.context).
 - `install(app)`: put fenced into your own Celery app (tasks.install).
@@ -9,6 +13,7 @@
 
 from __future__ import annotations
 
+from fenced_agents import Agent, InvalidArguments, ToolContext, effect, tool
 from fenced_core.errors import (
     AdmissionRefused,
     BudgetExceeded,
@@ -26,15 +31,19 @@ from tasks import result, run_agent, submit_run, wait
 from tasks.context import RunContext, ask_user, once
 from tasks.context import current as current_run
 from tasks.fenced_task import FencedTask, RunHandle, step
+from tasks.hooks import Hooks, add_hooks, remove_hooks
 from tasks.install import install
 
 __all__ = [
     "AdmissionRefused",
+    "Agent",
     "BudgetExceeded",
     "FencedOut",
     "FencedTask",
     "FixableError",
+    "Hooks",
     "InsufficientCredits",
+    "InvalidArguments",
     "InvalidRequest",
     "MaxStepsExceeded",
     "RunContext",
@@ -42,14 +51,19 @@ __all__ = [
     "RunNotFound",
     "StoreUnavailable",
     "TerminalError",
+    "ToolContext",
     "TransientError",
+    "add_hooks",
     "ask_user",
     "current_run",
+    "effect",
     "install",
     "once",
+    "remove_hooks",
     "result",
     "run_agent",
     "step",
     "submit_run",
+    "tool",
     "wait",
 ]

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-from fenced_cli.common import app
+from fenced_cli.common import app, fail
 
 if TYPE_CHECKING:
     from chaos.harness import ChaosConfig
@@ -44,6 +44,11 @@ def chaos(
                                             "run from the unmutated tree; exit 1 if one is not caught.")] = False,
     mutation: Annotated[list[str], typer.Option("--mutation", "-m", help="With --mutations: only these "
                                                 "(repeat for several).")] = [],  # noqa: B006
+    app_module: Annotated[str | None, typer.Option("--app", help="Run the scenarios on your own agent: the module "
+                                                   "that defines it (importable here and by the workers, which "
+                                                   "import it besides FENCED_IMPORTS).")] = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="With --app: the agent to submit runs to, when the "
+                                              "module registers more than one.")] = None,
 ) -> None:
     """Kill, freeze and wipe real workers and stores, then judge every run. Point it at a test deployment:
     `wipe` flushes the configured Redis and `db-restart` restarts the local MariaDB."""
@@ -53,12 +58,21 @@ def chaos(
     from checkpoints.db import migrate
 
     migrate()
+    chosen = _user_agent(app_module, agent) if app_module else None
+    if chosen and (mutations or mutation):
+        fail("--mutations runs the demo agent's mutation matrix; it cannot be combined with --app")
     if mutations or mutation:
         _mutations(mutation, ChaosConfig(lease_ms=min(lease_ms, 2000), step_ms=min(step_ms, 300), tool_ms=200),
                    as_json)
         return
     names = list(SCENARIOS) if Scenario.all in scenario else [s.value for s in scenario]
-    cfg = ChaosConfig(lease_ms=lease_ms, step_ms=step_ms)
+    if chosen:
+        demo_only = [n for n in names if n in DEMO_ONLY]
+        if Scenario.all not in scenario and demo_only:
+            fail(f"scenario(s) {', '.join(demo_only)} drive the demo agent's test markers; with --app run "
+                 f"{', '.join(n for n in SCENARIOS if n not in DEMO_ONLY)}")
+        names = [n for n in names if n not in DEMO_ONLY]
+    cfg = ChaosConfig(lease_ms=lease_ms, step_ms=step_ms, app=app_module or "", agent=chosen or "")
     results: list[ScenarioResult] = []
     err = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -83,6 +97,36 @@ def chaos(
     else:
         render(results)
     raise typer.Exit(0 if all(r.ok or not r.runs for r in results) else 1)
+
+
+# Scenarios that need the demo stub's test markers ([poison] kills its own worker): not for a user's agent.
+DEMO_ONLY = ("poison",)
+
+
+def _user_agent(module: str, agent: str | None) -> str:
+    """Import the user's module and choose the agent the scenarios submit to: the one named, or the only
+    one the module registers. Submits in this process (and the workers) then go to it."""
+    import importlib
+    import os
+
+    from fenced_core.settings import get_settings
+    from tasks import programs
+
+    before = set(programs.names())
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        fail(f"--app {module}: cannot import it here ({exc}); run from where it is importable")
+    added = sorted(set(programs.names()) - before) or programs.names()
+    if agent is None:
+        if len(added) != 1:
+            fail(f"--app {module} registers {added or 'no agent'}; name the one to run with --agent")
+        agent = added[0]
+    elif programs.lookup(agent) is None:
+        fail(f"--agent {agent}: not registered by {module} (registered: {', '.join(programs.names()) or 'none'})")
+    os.environ["FENCED_DEFAULT_AGENT"] = agent
+    get_settings.cache_clear()
+    return agent
 
 
 def _mutations(names: list[str], cfg: ChaosConfig, as_json: bool) -> None:

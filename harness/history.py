@@ -251,7 +251,7 @@ def _effects_recorded(ids: list[str]) -> list[Violation]:
                    run_ledger.c.kind.in_(("effect_created", "effect_reused", "effect_renewed")))))
     out = []
     for run_id in sorted(actions):
-        # A call whose arguments failed validation never reached the effect (agents.tools): not a result of it.
+        # A call whose arguments failed validation never reached the effect (fenced_agents.tools): not a result of it.
         results = {(ev.epoch, ev.eid) for ev in events.read(run_id)
                    if ev.type == "tool_result" and ev.data.get("name") in actions[run_id]
                    and not (isinstance(ev.data.get("result"), dict) and "invalid_arguments" in ev.data["result"])}

@@ -98,7 +98,7 @@ def step(fn: Callable[P, R]) -> Callable[P, R]:
             if recorded.get("name") != name:
                 raise TerminalError(f"step {index} was checkpointed as {recorded.get('name')!r} but the task now "
                                     f"calls {name!r} there: its steps must run in the same order at every delivery")
-            return recorded["result"]  # type: ignore[no-any-return]
+            return recorded["result"]
         runner.emit(f"s{index}:start", "step_started", {"name": name})
         runner.boundary()
         result = runner.with_retries(f"step {name}", lambda: fn(*args, **kwargs))
@@ -107,7 +107,7 @@ def step(fn: Callable[P, R]) -> Callable[P, R]:
         except (TypeError, ValueError) as exc:
             raise TerminalError(f"step {name} returned {type(result).__name__}, which is not JSON: {exc}") from None
         cursor.ran = {"step": index, "name": name, "result": result}
-        return result  # type: ignore[no-any-return]
+        return result
 
     checkpointed.__fenced_step__ = name  # type: ignore[attr-defined]
     return checkpointed
@@ -166,7 +166,7 @@ class RunHandle:
         return None if answer is None else json.loads(answer)
 
 
-class FencedTask(Task):  # type: ignore[misc]
+class FencedTask(Task):
     """A Celery task base class for durable multi-step jobs: `@app.task(base=FencedTask)`.
 
     `.delay(*args, **kwargs)` / `.apply_async(args, kwargs, user_id=..., idempotency_key=...)` do not

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from agents import Agent, FunctionTool, InvalidArguments, effect, tool
-from agents.model import AgentContext
-from agents.openai_compat import OpenAICompatible
 from checkpoints import billing, ledger, lifecycle, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.schema import effects
+from fenced_agents import Agent, FunctionTool, InvalidArguments, effect, tool
+from fenced_agents.model import AgentContext
+from fenced_agents.openai_compat import OpenAICompatible
 from fenced_core.errors import BudgetExceeded, TerminalError, TransientError
 from fencing import events, faults
 from fencing.connection import get_redis

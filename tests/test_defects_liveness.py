@@ -137,7 +137,7 @@ def test_a_rescue_no_delivery_answers_is_sent_again(redis_client):
 # -- 6. park lets go of the lease before `waiting` commits ------------------------------------------
 class _AskModel:
     def decide(self, ctx: Any) -> Any:
-        from agents.model import Decision, ToolCall
+        from fenced_agents.model import Decision, ToolCall
 
         if ctx.step == 0 and not ctx.replies:
             return Decision("ask", "asking", [ToolCall("call-ask", "ask_user", {"question": "Size?"})],
@@ -167,7 +167,12 @@ def test_a_reply_landing_right_after_the_park_is_not_dropped(store, monkeypatch)
         park(*args, **kwargs)
 
     monkeypatch.setattr(runs, "park", observing_park)
-    assert StepRunner(c, lease, model=_AskModel()).run().state == "waiting"
+    from fenced import Agent
+    from tasks import programs
+
+    # This run's program, for the test: an agent whose model asks at step 0 (ask_user is built in).
+    monkeypatch.setitem(programs._programs, run.agent, Agent("ask-first", model=_AskModel()))
+    assert StepRunner(c, lease).run_step().state == "waiting"
     assert seen["lease_at_park"] is None, "the lease must be let go before `waiting` commits"
     assert "run_waiting" not in seen["events_at_park"], "run_waiting only after the commit"
     assert events.read(run.run_id)[-1].type == "run_waiting"
@@ -240,8 +245,9 @@ def test_a_submit_retried_after_its_commit_landed_creates_nothing_new(store):
     from tasks.submit import _create_once_txn
 
     run_id = runs.new_run_id()
-    assert in_txn(_create_once_txn, run_id, "u10", "normal", "buy a lamp") == 20
-    assert in_txn(_create_once_txn, run_id, "u10", "normal", "buy a lamp") == 20, "a retry is no error"
+    assert in_txn(_create_once_txn, run_id, "u10", "normal", "buy a lamp", "shopping", "") == 20
+    assert in_txn(_create_once_txn, run_id, "u10", "normal", "buy a lamp", "shopping", "") == 20, \
+        "a retry is no error"
     from checkpoints.accounts import get_account
 
     assert get_account("u10").held_credits == 20, "one hold"

@@ -189,8 +189,8 @@ def test_fenced_flower_serves_its_api_on_localhost_and_refuses_to_expose_itself_
 
 def test_the_stubs_test_markers_are_dead_outside_tests_and_chaos(settings_env):
     """A deployed stub (no FENCED_FAULTS_ENABLED) treats "[poison]" as text, not as an order to die."""
-    from agents.model import AgentContext
     from examples.shopping.stub import StubModel
+    from fenced_agents.model import AgentContext
 
     settings_env(faults_enabled=0, stub_step_ms=0, stub_count_paid=0)
     history = [{"step": 0, "tool_calls": [{"id": "c0", "name": "item_search"}],

@@ -1,4 +1,4 @@
-"""The shopping example on an OpenAI-compatible endpoint (FENCED_MODEL=openai): agents.openai_compat's
+"""The shopping example on an OpenAI-compatible endpoint (FENCED_MODEL=openai): fenced_agents.openai_compat's
 OpenAICompatible against a local HTTP stand-in for the provider (the outside world), configured from the
 example's FENCED_OPENAI_* settings and shown the agent's instructions and tools."""
 
@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from agents.model import AgentContext
-from agents.openai_compat import OpenAICompatible
 from examples.shopping import get_model, shopping
 from examples.shopping.settings import get_shopping_settings
+from fenced_agents.model import AgentContext
+from fenced_agents.openai_compat import OpenAICompatible
 from fenced_core.errors import TerminalError, TransientError
 
 REPLIES: list[tuple[int, dict]] = []

@@ -54,7 +54,7 @@ def test_a_wrapped_agent_runs_to_done(workers):
     assert model_calls(run_id) == {0: 1, 1: 1, 2: 1}, "one model request per step"
     assert run.model_calls == 3 and run.prompt_tokens > 0
     # The checkpoint is pydantic-ai's own message history: request, response, tool returns ... answer.
-    from agents.pydantic_ai import messages_of
+    from fenced_agents.pydantic_ai import messages_of
 
     messages = messages_of(run.checkpoint["history"])
     assert [type(m).__name__ for m in messages] == ["ModelRequest", "ModelResponse"] * 3
@@ -115,7 +115,7 @@ def test_a_tool_that_asks_parks_the_run_until_the_reply(workers):
     reply_to_run(run_id, "large", "u1")
     wait_terminal([run_id], timeout=40)
     run = assert_promise(run_id)
-    from agents.pydantic_ai import messages_of
+    from fenced_agents.pydantic_ai import messages_of
 
     returns = [p.content for m in messages_of(run.checkpoint["history"]) for p in getattr(m, "parts", [])
                if type(p).__name__ == "ToolReturnPart" and p.tool_name == "ask_size"]
@@ -160,7 +160,7 @@ def test_effects_must_name_tools_of_the_agent():
     from pydantic_ai import Agent
     from pydantic_ai.models.test import TestModel
 
-    from agents.pydantic_ai import FencedAgent
+    from fenced_agents.pydantic_ai import FencedAgent
 
     agent = Agent(TestModel(), name="pai_check")
 
@@ -178,6 +178,6 @@ def test_effects_must_name_tools_of_the_agent():
 
 def test_the_core_imports_without_pydantic_ai():
     """pydantic-ai is an optional extra: `agents` and `fenced` import with it missing."""
-    code = "import sys; sys.modules['pydantic_ai'] = None; import agents, fenced, tasks; print('ok')"
+    code = "import sys; sys.modules['pydantic_ai'] = None; import fenced_agents, fenced, tasks; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 
-from agents import Agent  # the public name; `fenced` is to re-export it
 from examples.shopping.settings import get_shopping_settings
 from examples.shopping.tools import TOOLS
-from fenced import TerminalError
+from fenced import Agent, TerminalError
 from fenced.models import Model, OpenAICompatible
 from fenced_core.errors import ConfigError
 

@@ -1,7 +1,7 @@
 """The shopping agent's tools, plain typed functions: item_search and compare are read-only (rerun when a
 step is replayed); add_to_cart offers a cart confirmation card once per decision (examples/shopping/cards.py).
 
-Their schemas for the model come from the type hints and docstrings (agents.tools). The demo's tools
+Their schemas for the model come from the type hints and docstrings (fenced_agents.tools). The demo's tools
 answer at once; FENCED_STUB_TOOL_MS makes each call take that long, like a real tool (chaos, bench).
 """
 
@@ -12,11 +12,10 @@ from typing import Annotated, Any
 
 from pydantic import Field, WithJsonSchema
 
-from agents import tool  # the public name; `fenced` is to re-export it
 from examples.shopping import catalog
 from examples.shopping.cards import MAX_QTY, create_cart_card
 from examples.shopping.settings import get_shopping_settings
-from fenced import FixableError, TerminalError, current_run
+from fenced import FixableError, TerminalError, current_run, tool
 
 
 def _tool_latency() -> None:

@@ -22,7 +22,7 @@ from pydantic_ai import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from agents.pydantic_ai import FencedAgent
+from fenced.pydantic_ai import FencedAgent
 from fencing.connection import get_redis
 from fencing.metering import count_paid_call
 from tasks import context

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from agents import Agent, ToolContext
-from agents.model import AgentContext, Decision, ToolCall
+from fenced import Agent, ToolContext
+from fenced.models import AgentContext, Decision, ToolCall
 from fenced_core.errors import TerminalError
 from fencing.connection import get_redis
 from fencing.metering import count_paid_call

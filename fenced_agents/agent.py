@@ -7,9 +7,9 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from agents.loop import AgentLoop
-from agents.model import Model
-from agents.tools import FunctionTool, as_tool, ask_user_tool
+from fenced_agents.loop import AgentLoop
+from fenced_agents.model import Model
+from fenced_agents.tools import FunctionTool, as_tool, ask_user_tool
 from tasks import programs
 
 
@@ -18,7 +18,7 @@ class Agent(AgentLoop):
     worker that imports the defining module (FENCED_IMPORTS, or `celery -A`) runs its runs.
 
     One step is one `model.decide` call and the tools it asked for, each step its own Celery message;
-    `model` is an object with `decide(ctx) -> Decision` (agents.model) or a no-argument factory of one.
+    `model` is an object with `decide(ctx) -> Decision` (fenced_agents.model) or a no-argument factory of one.
     Under a crash or a takeover, a step resumes from its last checkpoint: before checkpoint A the model
     is asked again (that lost call is not billed), after it the recorded decision is replayed (read-only
     tools rerun, effects return their first result, `ask_user` its stored reply); a finished step never
@@ -59,14 +59,14 @@ class Agent(AgentLoop):
         arguments) and fenced by the epoch; its first parameter receives the ToolContext."""
         return lambda fn: self._add(FunctionTool(fn, "effect", action=action, name=name))
 
-    def submit(self, user_id: str, input: str, kind: str = "normal", key: str | None = None) -> str:
+    def submit(self, user_id: str, input: str, kind: str = "normal", idempotency_key: str | None = None) -> str:
         """Create a run of this agent (recording its version) and wake it; returns the run id.
 
-        With `key`, a retried submit returns the first run; see `tasks.submit.submit_run` for admission,
+        With `idempotency_key`, a retried submit returns the first run; see `tasks.submit.submit_run` for admission,
         billing and what a crash between the commit and the wake-up does (the sweeper sends it)."""
         from tasks.submit import submit_run
 
-        return submit_run(user_id, input, kind, key, agent=self.name, agent_version=self.version)
+        return submit_run(user_id, input, kind, idempotency_key, agent=self.name, agent_version=self.version)
 
     def _add(self, t: FunctionTool) -> FunctionTool:
         old = self.tools.get(t.name)

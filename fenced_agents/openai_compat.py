@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from agents.model import AgentContext, Decision, ToolCall
+from fenced_agents.model import AgentContext, Decision, ToolCall
 from fenced_core.errors import TerminalError, TransientError
 
 RETRYABLE = (408, 409, 425, 429)  # and every 5xx

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agents.model import AgentContext, Decision, Model
 from checkpoints import billing
+from fenced_agents.model import AgentContext, Decision, Model
 from fenced_core.errors import BudgetExceeded, MaxStepsExceeded, TerminalError
 from fencing import faults
 from tasks import context
@@ -36,7 +36,7 @@ class Tool:
 
 
 class LoopTool(Protocol):
-    """What the loop runs for a tool call: `call(args)` inside the run's context (agents.tools.FunctionTool
+    """What the loop runs for a tool call: `call(args)` inside the run's context (fenced_agents.tools.FunctionTool
     or Tool above); `spec()`, when it has one, is shown to the model."""
 
     name: str
