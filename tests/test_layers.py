@@ -9,7 +9,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fenced_cli", "bench", "chaos", "harness", "examples", "fenced", "fenced_agents", "tasks", "fencing",
+PACKAGES = ("fenced_cli", "bench", "chaos", "fenced_api", "harness", "examples", "fenced", "fenced_agents", "tasks", "fencing",
             "checkpoints", "fenced_core")
 
 
