@@ -16,6 +16,7 @@ from alembic.config import Config
 
 import checkpoints.db
 from checkpoints import accounts, ledger, runs
+from checkpoints.api_keys import metadata as api_keys_metadata
 from checkpoints.db import dispose_all, get_engine, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import metadata
@@ -51,12 +52,14 @@ def empty_db(request: pytest.FixtureRequest, tmp_path: Path, redis_client: objec
     with get_engine(url).begin() as conn:
         metadata.drop_all(conn)
         shopping_metadata.drop_all(conn)
+        api_keys_metadata.drop_all(conn)
         conn.execute(sa.text("DROP TABLE IF EXISTS alembic_version"))
     yield url
     if request.param == "mysql":
         with get_engine(url).begin() as conn:
             metadata.drop_all(conn)
             shopping_metadata.drop_all(conn)
+            api_keys_metadata.drop_all(conn)
             conn.execute(sa.text("DROP TABLE IF EXISTS alembic_version"))
     use_db(MYSQL_URL)
 
@@ -151,4 +154,4 @@ def test_downgrade_to_0002_and_back(empty_db):
         conn.commit()
     upgrade(url, "head")
     with transaction(readonly=True) as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0004"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0005"
