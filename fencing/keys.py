@@ -18,6 +18,7 @@ LIVENESS_SUSPECTS = f"{PREFIX}:liveness-suspects"  # HASH token -> consecutive c
 PRESUMED_DEAD = f"{PREFIX}:presumed-dead"  # ZSET token -> when presumed dead (a live one = false positive)
 LIVENESS_LOCK = f"{PREFIX}:liveness-lock"  # one connection check per tick across workers
 FALSE_POSITIVES = f"{PREFIX}:fast-takeover:false-positives"  # counter: presumed dead, but alive
+RENEW_FAILURES = f"{PREFIX}:renew-failures"  # HASH process token -> lease renewals its watchdog missed
 PROMOTER_LOCK = f"{PREFIX}:promoter-lock"  # one large-run promotion per interval across workers
 
 # Admission: every key shares the {admission} hash tag, so admit.lua touches one slot.

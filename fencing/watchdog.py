@@ -28,6 +28,10 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fenced-watchdog", daemon=True)
         self.renewals = 0
+        # Renewals that failed (a lease found gone, or Redis unreachable), reported to the operator
+        # overview (keys.RENEW_FAILURES) inside the next renewal's pipeline, only when the count changed.
+        self.renew_failures = 0
+        self._reported_failures = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -75,8 +79,11 @@ class Watchdog:
             pipe.zadd(keys.LEASE_INDEX, {lease.member: deadline + lease.ttl_ms for lease in leases}, gt=True)
             pipe.zrem(keys.PRESUMED_DEAD, process_token())
             register(pipe, [lease.run_id for lease in leases])  # rebuilt after Redis lost it
+            if self.renew_failures != self._reported_failures:
+                pipe.hset(keys.RENEW_FAILURES, process_token(), self.renew_failures)
 
         results = registered.execute(client, build)
+        self._reported_failures = self.renew_failures
         self.renewals += 1
         if results[len(leases) + 1]:
             # Presumed dead by fast takeover while alive: a false positive. Counted; epochs kept it safe.
@@ -85,6 +92,7 @@ class Watchdog:
         for lease, renewed in zip(leases, results[:len(leases)], strict=True):
             if not renewed:
                 lease.lost = True
+                self.renew_failures += 1
                 log.warning("lease_lost", run_id=lease.run_id, token=lease.token)
 
     def _loop(self) -> None:
@@ -100,6 +108,7 @@ class Watchdog:
                 elif self._leases:
                     get_redis().ping()
             except Exception as exc:  # Redis down: keep trying; the lease TTL decides
+                self.renew_failures += 1
                 log.warning("lease_renew_failed", error=repr(exc))
 
 
