@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     retry_budget: int = Field(5, ge=0, description="Transient retries per step")
     concurrency: int = Field(4, gt=0, description="Worker concurrency")
 
+    # Operators: a worker's Prometheus endpoint (tasks.metrics; docs/operators.md).
+    metrics_port: int = Field(0, ge=0, le=65535, description="Port of a worker's /metrics endpoint; 0 = off")
+    metrics_addr: str = Field("127.0.0.1", min_length=1, description="Interface a worker's /metrics binds "
+                              "(0.0.0.0 for a Prometheus on another host)")
+
     max_query_chars: int = Field(16_000, gt=0, description="Longest query a submit accepts (characters)")
 
     # Billing.
