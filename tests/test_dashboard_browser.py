@@ -1,0 +1,227 @@
+"""The dashboard in a real headless Chromium: a real uvicorn API process, real workers, real Redis and MariaDB.
+
+It submits a run from the page, watches it live, SIGKILLs the worker holding it, and must see the
+takeover arrive on the page over the overview's WebSocket (text that exists only after the kill).
+Screenshots go to docs/dashboard-overview.png and docs/dashboard-takeover.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from checkpoints import api_keys
+from fencing import faults
+from tests.workers_fixture import wait_terminal
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+XSS = '<img src=x onerror="window.__xss=1">'
+
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    if os.environ.get("FENCED_REQUIRE_BROWSER"):
+        raise RuntimeError("chromium and chromium-driver are required: apt-get install -y chromium chromium-driver")
+    pytest.skip("no chromium/chromedriver (apt-get install -y chromium chromium-driver)", allow_module_level=True)
+
+from selenium import webdriver  # noqa: E402  (after the skip: selenium is a test extra)
+from selenium.webdriver.common.by import By  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def api(mysql_store: str, tmp_path: Path) -> Iterator[str]:
+    """A real `uvicorn fenced_api.app:create_app` process on a free port; its base URL."""
+    port = _free_port()
+    log = open(tmp_path / "api.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "fenced_api.app:create_app", "--factory",
+                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                            cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base + "/dashboard", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("the API did not start: " + (tmp_path / "api.log").read_text())
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1300"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def until(driver: Any, what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
+    """Poll the page (the DOM, not the API) until `check` is truthy; fail naming `what` and the page text."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except Exception:  # an element re-rendered between find and read: look again
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            body = driver.find_element(By.TAG_NAME, "body").text
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; the page shows:\n{body[:3000]}")
+        time.sleep(0.1)
+
+
+def use_key(driver: Any, base: str, key: str, view: str = "#/") -> None:
+    driver.get(base + "/dashboard" + view)
+    driver.find_element(By.ID, "key-input").send_keys(key)
+    driver.find_element(By.ID, "key-save").click()
+
+
+def worker_row(driver: Any, pid: int) -> list[str]:
+    """The workers table's cells for the process `pid` of this host ([] when it is not listed)."""
+    name = f"{socket.gethostname().replace(' ', '_')}:{pid}"
+    for tr in driver.find_elements(By.CSS_SELECTOR, "#workers tbody tr"):
+        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        if cells and cells[0] == name:
+            return cells
+    return []
+
+
+def run_row(driver: Any, run_id: str) -> dict[str, str] | None:
+    rows = driver.find_elements(By.CSS_SELECTOR, f'#runs tr[data-run="{run_id}"]')
+    if not rows:
+        return None
+    cells = rows[0].find_elements(By.TAG_NAME, "td")
+    names = ["run", "user", "agent", "state", "step", "epoch", "owner", "lease", "input"]
+    return {n: c.text for n, c in zip(names, cells, strict=True)}
+
+
+def feed_types(driver: Any, run_id: str) -> list[str]:
+    items = driver.find_elements(By.CSS_SELECTOR, "#feed li")
+    return [li.get_attribute("data-type") for li in items
+            if li.find_elements(By.CSS_SELECTOR, f'a[title="{run_id}"]')]
+
+
+def test_dashboard_shows_a_takeover_live(workers, api, browser):
+    key = api_keys.issue("ops", admin=True)
+    workers.start("a")
+    workers.start("b")
+    use_key(browser, api, key)
+    until(browser, "the overview to go live", lambda: browser.find_element(By.ID, "live-status").text == "live")
+
+    # Submit from the page; the step hangs at the fault point, after its tools, before checkpoint B.
+    faults.arm("after_tools")
+    browser.find_element(By.ID, "submit-input").send_keys(XSS + " buy running shoes")
+    browser.find_element(By.CSS_SELECTOR, "#submit-form button").click()
+    run_id = until(browser, "the submitted run's id",
+                   lambda: browser.find_element(By.ID, "submit-result").get_attribute("data-run"))
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id, hit
+    victim = workers.by_pid(hit[2])
+
+    # Live, before the kill: epoch 1, running, its tool events in the feed, a lease counting down.
+    row = until(browser, "the run running under epoch 1",
+                lambda: (r := run_row(browser, run_id)) and r["state"] == "running" and r["epoch"] == "1" and r)
+    assert row["lease"].endswith(" s"), row
+    until(browser, "the run's tool result in the feed", lambda: "tool_result" in feed_types(browser, run_id))
+    assert "task_resumed" not in feed_types(browser, run_id)
+    # The user's input is data: shown literally, never parsed as HTML.
+    assert XSS in row["input"], row
+    assert not browser.find_elements(By.CSS_SELECTOR, "#runs img, #feed img")
+    assert browser.execute_script("return window.__xss === undefined")
+    until(browser, "the holder in the workers table, alive, one run in flight, no renew failure",
+          lambda: worker_row(browser, victim.pid)[1:4] == ["alive", "1", "0"], 10)
+
+    # A second tab follows the run's own page (its live stream) through the kill.
+    overview_tab = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(f"{api}/dashboard#/run/{run_id}")
+    until(browser, "the run page following the live stream",
+          lambda: browser.find_element(By.ID, "events-live").text == "live"
+          and browser.find_elements(By.CSS_SELECTOR, "#run-events li.tool_result"))
+    assert browser.find_element(By.CSS_SELECTOR, '#run-facts dd[data-fact="epoch"]').text == "1"
+    assert not browser.find_elements(By.CSS_SELECTOR, "#run-events li.task_resumed")
+    run_tab = browser.current_window_handle
+
+    victim.kill(signal.SIGKILL)
+
+    # Only a live page can show these: they exist in the stores only after the kill.
+    until(browser, "task_resumed on the run page",
+          lambda: browser.find_elements(By.CSS_SELECTOR, "#run-events li.task_resumed"), 40)
+    until(browser, "the run page's end", lambda: browser.find_element(By.ID, "run-state").text == "done", 40)
+    assert browser.find_element(By.CSS_SELECTOR, '#run-facts dd[data-fact="epoch"]').text == "2"
+    # The half-step the crash threw away (its tool events after checkpoint A) is struck through, and
+    # the replay shows once more under epoch 2.
+    assert browser.find_elements(By.CSS_SELECTOR, "#run-events li.superseded.tool_result")
+    until(browser, "the ledger's takeover row", lambda: browser.find_elements(By.CSS_SELECTOR, "#ledger tr.takeover"))
+    until(browser, "the explanation of the two workers",
+          lambda: browser.find_elements(By.CSS_SELECTOR, '#explain div[data-topic="workers"] p'))
+    steps = browser.find_element(By.ID, "steps").text
+    assert "decided" in steps and "done" in steps, steps
+    assert XSS in browser.find_element(By.CSS_SELECTOR, '#run-facts dd[data-fact="input"]').text
+    assert browser.execute_script("return window.__xss === undefined")
+
+    browser.switch_to.window(overview_tab)
+    until(browser, "task_resumed in the overview's live feed", lambda: "task_resumed" in feed_types(browser, run_id))
+    resumed = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#feed li.task_resumed")]
+    assert any("TAKEOVER: resumed by epoch 2" in t for t in resumed), resumed
+    until(browser, "the run done under epoch 2",
+          lambda: (r := run_row(browser, run_id)) and r["state"] == "done" and r["epoch"] == "2", 20)
+    until(browser, "the killed worker shown presumed dead, holding nothing",
+          lambda: worker_row(browser, victim.pid)[1].startswith("presumed dead")
+          and worker_row(browser, victim.pid)[2] == "0", 20)
+    [run] = wait_terminal([run_id], timeout=10)
+    assert (run.state, run.epoch) == ("done", 2)
+    browser.save_screenshot(str(ROOT / "docs" / "dashboard-overview.png"))
+    browser.switch_to.window(run_tab)
+    browser.save_screenshot(str(ROOT / "docs" / "dashboard-takeover.png"))
+
+
+def test_overview_needs_an_admin_key_and_a_run_page_is_the_callers(api, browser):
+    from tasks import submit_run
+
+    theirs = submit_run("mallory", "someone else's run")
+    key = api_keys.issue("alice")
+    use_key(browser, api, key)
+    until(browser, "the admin notice", lambda: "needs an admin key" in browser.find_element(By.ID, "notice").text)
+    assert not browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+    browser.get(f"{api}/dashboard#/run/{theirs}")
+    until(browser, "another user's run refused as missing",
+          lambda: "404" in browser.find_element(By.ID, "notice").text)
+    assert "someone else's run" not in browser.find_element(By.TAG_NAME, "body").text
+    answer = httpx.get(f"{api}/api/dashboard/runs/{theirs}", headers={"Authorization": f"Bearer {key}"})
+    assert answer.status_code == 404, answer.text
