@@ -149,13 +149,18 @@ def submit(body: SubmitBody, who: Who, response: Response,
     return _view(run_id, who)
 
 
-@router.get("/runs", response_model=RunPageOut, responses=responses(400))
+@router.get("/runs", response_model=RunPageOut, responses=responses())
 def list_runs(who: Who, state: RunState | None = None,
               limit: Annotated[int, Query(ge=1, le=100)] = 20,
               cursor: Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_=-]+$")] = None,
               ) -> RunPageOut:
     """The caller's runs, newest first, optionally in one state; pages of `limit` (next: `cursor`)."""
-    page = service.list_runs(who.user_id, state=state, limit=limit, cursor=cursor)
+    try:
+        page = service.list_runs(who.user_id, state=state, limit=limit, cursor=cursor)
+    except InvalidRequest as exc:
+        if cursor is not None and "cursor" in str(exc):
+            raise bad_field("query.cursor", "is not a next_cursor this API returned") from None
+        raise
     return RunPageOut(runs=[summary_out(r) for r in page.runs], next_cursor=page.next_cursor)
 
 
