@@ -64,7 +64,8 @@ def dead_letter(run_id: RunId, _who: Admin) -> DeadLetterOut:
 @router.post("/dead-letters/{run_id}/replay", response_model=ReplayOut, responses=responses(402, 403, 404, 409, 429))
 def replay(run_id: RunId, who: Admin) -> ReplayOut:
     """Replay a dead run from its last checkpoint with a fresh delivery budget; admitted and paid like a
-    new run (429 with Retry-After, 402), and a refusal writes nothing. 409: the run is not dead."""
+    new run (429 with Retry-After, 402), and a refusal writes nothing. 409: the run is not dead (so a
+    retry after a lost answer is refused rather than replaying twice; a lost wake-up is the sweeper's)."""
     try:
         step = service.replay_dead_letter(run_id, who.user_id)
     except InsufficientCredits:

@@ -125,7 +125,11 @@ def submit(body: SubmitBody, who: Who, response: Response,
            idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None) -> RunOut:
     """Submit a run for the caller: 201 with the new run, or 200 with the run an earlier POST with the same
     idempotency key (body field or `Idempotency-Key` header) created. 402: not enough credits; 429: too
-    many runs (Retry-After); a refused request creates nothing."""
+    many runs (Retry-After); a refused request creates nothing.
+
+    Under a crash of this replica: the run row and its hold commit together or not at all (a lost
+    wake-up is sent by the sweeper); a client that lost the answer retries with the same key on any
+    replica and gets the same run. A takeover of the run by another worker does not concern the submit."""
     key = body.idempotency_key
     if idempotency_key is not None:
         check_text(idempotency_key, field="header.idempotency-key")
@@ -172,7 +176,9 @@ def get_run(run_id: RunId, who: Who) -> RunOut:
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelOut, responses=responses(404))
 def cancel(run_id: RunId, who: Who) -> CancelOut:
-    """Cancel the run: it ends `cancelled`, what was used is settled. A run that ended already: `noop`."""
+    """Cancel the run: it ends `cancelled`, what was used is settled, and the worker holding it (or one
+    taking it over) is fenced out of every later write. A run that ended already: `noop`, so a retry
+    after a lost answer or a replica crash is safe."""
     done = service.cancel(run_id, who.user_id, user_id=who.user_id)
     state = "cancelled" if not done.noop else done.previous_state
     return CancelOut(run_id=run_id, state=state, previous_state=done.previous_state, noop=done.noop,
@@ -181,7 +187,10 @@ def cancel(run_id: RunId, who: Who) -> CancelOut:
 
 @router.post("/runs/{run_id}/reply", response_model=ReplyOut, responses=responses(404, 409))
 def reply(run_id: RunId, body: ReplyBody, who: Who) -> ReplyOut:
-    """Answer the question the waiting run asked; it is queued and woken. 409 when it is not waiting."""
+    """Answer the question the waiting run asked; it is queued and woken. 409 when it is not waiting.
+
+    The reply and the run's return to `queued` commit together; a lost wake-up is sent by the sweeper.
+    A retry after a lost answer gets 409 (the question is answered already): GET the run to see it."""
     try:
         answered = service.reply(run_id, body.text, who.user_id, user_id=who.user_id)
     except InvalidRequest as exc:
@@ -192,7 +201,11 @@ def reply(run_id: RunId, body: ReplyBody, who: Who) -> ReplyOut:
 @router.post("/cards/{card_id}/confirm", response_model=OrderOut, tags=["cards"], responses=responses(404, 409))
 def confirm(card_id: CardId, who: Who) -> OrderOut:
     """Confirm one of the caller's cart cards: places one order; a second confirm (a double click) returns
-    the same order number. 409: the card expired, or its run was cancelled, failed or dead-lettered."""
+    the same order number. 409: the card expired, or its run was cancelled, failed or dead-lettered.
+
+    The order, the card's state and the ledger entry commit together, keyed by the card's operation id:
+    a retry after a crash, on any replica, returns the first order; a takeover of the run does not
+    change the card."""
     try:
         card = shop_cards.get_card(card_id)
     except InvalidRequest:

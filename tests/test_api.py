@@ -411,3 +411,18 @@ def test_two_replicas_serve_the_same_clients(api: Api, tmp_path: Path):
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_users_add_prints_a_working_key_once_and_refuses_a_bad_name(mysql_store):
+    from typer.testing import CliRunner
+
+    from fenced_cli import app
+
+    added = CliRunner().invoke(app, ["users", "add", "carol", "--admin"])
+    assert added.exit_code == 0, added.output
+    key = added.output.strip()
+    assert api_keys.lookup(key) == api_keys.KeyOwner("carol", True)
+    bad = CliRunner().invoke(app, ["users", "add", " carol"])
+    assert bad.exit_code == 2 and "user name" in bad.output
+    revoked = CliRunner().invoke(app, ["users", "revoke", "carol"])
+    assert revoked.exit_code == 0 and api_keys.lookup(key) is None
