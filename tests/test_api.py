@@ -426,3 +426,21 @@ def test_users_add_prints_a_working_key_once_and_refuses_a_bad_name(mysql_store)
     assert bad.exit_code == 2 and "user name" in bad.output
     revoked = CliRunner().invoke(app, ["users", "revoke", "carol"])
     assert revoked.exit_code == 0 and api_keys.lookup(key) is None
+
+
+def test_redis_down_is_503_with_retry_after_and_reads_still_work(api: Api, redis_client, settings_env):
+    from fencing import connection
+
+    run_id = api.call("alice", "POST", "/api/runs", json={"input": "lamp"}).json()["run_id"]
+    before = footprint(redis_client)
+    settings_env(redis_url="redis://127.0.0.1:6399/0")  # nothing listens there
+    connection.reset()
+    try:
+        r = api.call("alice", "POST", "/api/runs", json={"input": "another lamp"})
+        assert r.status_code == 503 and r.json()["code"] == "unavailable", r.text
+        assert r.headers["Retry-After"].isdigit()
+        assert api.call("alice", "GET", f"/api/runs/{run_id}").json()["state"] == "queued"
+    finally:
+        settings_env(redis_url=TEST_ENV["FENCED_REDIS_URL"])
+        connection.reset()
+    assert footprint(redis_client) == before
