@@ -146,7 +146,7 @@ class Hub:
         ids = list(self.runs)
         self.positions = overview.newest_id(ids)
         recent = overview.recent(ids, 10)
-        feed = sorted((event_dict(r, e) for r, evs in recent.items() for e in evs), key=lambda d: d["stream_id"])
+        feed = sorted((event_dict(r, e) for r, evs in recent.items() for e in evs), key=_order)
         self.feed = deque(feed[-FEED_KEEP:], maxlen=FEED_KEEP)
         self.workers = self._workers()
         self.dead_letters, self.counters = self._slow()
@@ -202,7 +202,7 @@ class Hub:
         for run_id, evs in found.items():
             self.positions[run_id] = evs[-1].stream_id
             out += [event_dict(run_id, e) for e in evs]
-        out.sort(key=lambda d: d["stream_id"])
+        out.sort(key=_order)
         self.feed.extend(out)
         self.seen["events"] += len(out)
         self.seen["takeovers"] += sum(d["type"] == "task_resumed" for d in out)
@@ -280,6 +280,12 @@ class Hub:
                     "false_positive_deaths": overview.false_positives(),
                     "events_seen": self.seen["events"], "takeovers_seen": self.seen["takeovers"]}
         return dead, counters
+
+
+def _order(event: dict[str, Any]) -> tuple[int, int]:
+    """Stream ids in time order (as numbers: "...-10" comes after "...-9")."""
+    ms, _, seq = event["stream_id"].partition("-")
+    return int(ms or 0), int(seq or 0)
 
 
 def _now() -> int:

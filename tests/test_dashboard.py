@@ -140,3 +140,22 @@ def test_a_client_that_cannot_keep_up_is_dropped_not_buffered():
     assert client.dropped
     assert client.queue.qsize() == CLIENT_QUEUE
     assert [client.queue.get_nowait() for _ in range(CLIENT_QUEUE)][-1] == {"type": "dropped"}
+
+
+def test_the_hub_keeps_the_newest_ended_runs_and_forgets_the_rest():
+    """The runs table holds every live run (up to MAX_LIVE) and the RECENT_ENDED newest ended ones; the
+    ones let go are named to the clients (`gone`) and not re-sent until they are written again."""
+    from fenced_api.overview import RECENT_ENDED, Hub
+
+    hub = Hub()
+    now = int(time.time() * 1000)
+    rows = [{"run_id": f"r{i}", "state": "done", "updated_at_ms": now - i} for i in range(RECENT_ENDED + 5)]
+    rows.append({"run_id": "live", "state": "running", "updated_at_ms": now - 10_000})
+    hub.runs = {r["run_id"]: r for r in rows}
+    hub.positions = {r["run_id"]: "0-0" for r in rows}
+    hub.since_ms = now
+    gone = hub._prune()
+    assert sorted(gone) == sorted(f"r{i}" for i in range(RECENT_ENDED, RECENT_ENDED + 5))
+    assert "live" in hub.runs and len(hub.runs) == RECENT_ENDED + 1
+    assert not set(gone) & set(hub.positions)
+    assert hub.gone == {f"r{i}": now - i for i in range(RECENT_ENDED, RECENT_ENDED + 5)}

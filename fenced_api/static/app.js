@@ -102,6 +102,7 @@ function disconnectOverview() {
   clearTimeout(ov.retry);
   if (ov.ws) { const ws = ov.ws; ov.ws = null; ws.onclose = null; ws.close(); }
   clearInterval(ov.ping);
+  setStatus($("live-status"), false, "overview closed");
 }
 
 function applyOverview(msg) {
