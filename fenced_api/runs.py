@@ -132,7 +132,10 @@ def submit(body: SubmitBody, who: Who, response: Response,
     replica and gets the same run. A takeover of the run by another worker does not concern the submit."""
     key = body.idempotency_key
     if idempotency_key is not None:
-        check_text(idempotency_key, field="header.idempotency-key")
+        try:
+            check_text(idempotency_key)
+        except ValueError as exc:
+            raise bad_field("header.idempotency-key", str(exc)) from None
         if key is not None and key != idempotency_key:
             raise bad_field("idempotency_key", "differs from the Idempotency-Key header; send one of them")
         key = idempotency_key

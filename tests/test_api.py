@@ -444,3 +444,10 @@ def test_redis_down_is_503_with_retry_after_and_reads_still_work(api: Api, redis
         settings_env(redis_url=TEST_ENV["FENCED_REDIS_URL"])
         connection.reset()
     assert footprint(redis_client) == before
+
+
+def test_a_nul_in_the_idempotency_key_header_is_a_422_naming_it(api: Api, redis_client):
+    before = footprint(redis_client)
+    r = api.call("alice", "POST", "/api/runs", json={"input": "lamp"}, headers={"Idempotency-Key": "a\x00b"})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "header.idempotency-key", r.text
+    assert footprint(redis_client) == before
