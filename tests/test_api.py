@@ -403,6 +403,15 @@ def test_two_replicas_serve_the_same_clients(api: Api, tmp_path: Path):
         assert one.post(f"/api/runs/{c.run.run_id}/reply", json={"text": "Acme"}).status_code == 200
         assert two.get(f"/api/runs/{c.run.run_id}").json()["state"] == "queued"
         assert two.get(f"/api/runs/{run_id}", headers=api.h("bob")).status_code == 404
+        # The same retried POST racing on both replicas at once: one run.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: (one, two)[i % 2].post(
+                "/api/runs", json={"input": "race", "idempotency_key": "r-2"}), range(8)))
+        assert all(a.status_code in (200, 201) for a in answers), [a.text for a in answers]
+        assert len({a.json()["run_id"] for a in answers}) == 1
+        assert [r["input"] for r in one.get("/api/runs", params={"limit": 100}).json()["runs"]].count("race") == 1
     finally:
         for p in procs:
             os.killpg(p.pid, signal.SIGTERM)
