@@ -7,8 +7,8 @@ import sys
 from kombu import Queue
 
 from fenced_core.errors import ConfigError
+from fenced_core.pools import split_pool
 from fenced_core.settings import get_settings
-from harness.workers import split_pool
 from tasks import queues
 
 try:

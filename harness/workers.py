@@ -11,31 +11,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from fenced_core.pools import pool_option, split_pool
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # tasks.queues.ALL, in consumption order; importing `tasks` here would build the Celery app (and read
 # the settings) before callers had a chance to set the environment.
 ALL_QUEUES = ("agents.continue", "agents", "agents.large")
 READY_TEXT = "ready."  # celery logs "<name>@<host> ready." once it consumes
-
-
-def pool_option(pool: str) -> list[str]:
-    return ["--pool", pool]
-
-
-def split_pool(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Take every `--pool X`, `--pool=X`, `-P X` or `-PX` out of `args`; returns (the last pool, the rest)."""
-    pool, rest = None, []
-    it = iter(args)
-    for arg in it:
-        if arg in ("--pool", "-P"):
-            pool = next(it, None)
-        elif arg.startswith("--pool="):
-            pool = arg.split("=", 1)[1]
-        elif arg.startswith("-P") and len(arg) > 2:
-            pool = arg[2:]
-        else:
-            rest.append(arg)
-    return pool, rest
 
 
 def worker_argv(name: str, concurrency: int, queues: Sequence[str] = ALL_QUEUES, extra: Sequence[str] = (),
