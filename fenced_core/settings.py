@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,6 +57,22 @@ class Settings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of a worker's /metrics endpoint; 0 = off")
     metrics_addr: str = Field("127.0.0.1", min_length=1, description="Interface a worker's /metrics binds "
                               "(0.0.0.0 for a Prometheus on another host)")
+
+    # Routing (routing/, docs/routing.md): `shared` queues (the default, as before) or `reach`: each
+    # wake-up goes to the qualifying worker with the best score, on that worker's own queue.
+    routing: Literal["shared", "reach"] = Field("shared", description="shared = the shared queues; reach = "
+                                                 "route each wake-up to the best-scoring live worker")
+    routing_heartbeat_ms: int = Field(5_000, gt=0, description="A worker's registry heartbeat period")
+    routing_scan_ms: int = Field(1_000, gt=0, description="How often one worker scans the registry")
+    routing_skew_ms: int = Field(500, ge=0, description="Clock skew allowed: offline = no beat for 3 x period + this")
+    routing_threshold: float = Field(0.3, ge=0, le=1, description="Workers scoring under this get no runs")
+    routing_w_fresh: float = Field(0.3, ge=0, description="Score weight: heartbeat freshness")
+    routing_w_speed: float = Field(0.2, ge=0, description="Score weight: 1/(1 + average step seconds)")
+    routing_w_load: float = Field(0.3, ge=0, description="Score weight: 1/(1 + runs in flight)")
+    routing_w_success: float = Field(0.2, ge=0, description="Score weight: step success rate")
+    routing_window: int = Field(50, gt=0, description="Steps the average step time and success rate cover")
+    routing_queue_warn: int = Field(200, gt=0, description="Queue length past which a warning goes to the feed")
+    worker_labels: str = Field("", description="Comma-separated labels a worker registers with (shown only)")
 
     max_query_chars: int = Field(16_000, gt=0, description="Longest query a submit accepts (characters)")
 

@@ -16,6 +16,7 @@ from tasks import wakeup
 from tasks.bootsteps import LivenessStep
 from tasks.celery_app import RUN_TASK, app
 from tasks.delivery import deliver
+from tasks.routing_worker import RoutingStep
 
 log = structlog.get_logger("tasks.app")
 # Kept for callers of the old names: both are the one sender's (tasks.wakeup).
@@ -117,3 +118,4 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
 
 
 app.steps["worker"].add(LivenessStep)
+app.steps["worker"].add(RoutingStep)  # the worker registry and routing (routing/, docs/routing.md)

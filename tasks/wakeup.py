@@ -4,24 +4,35 @@ A wake-up carries the run id and the step it wakes (None: whatever step the run 
 run depends on; any number of copies may arrive and the run row decides what each does. Who sends:
 submit (the first wake-up, on the kind's queue, with the run id as its task id), a finished step's
 continuation, a rescue (reaper, sweeper, fast takeover), a reply to a waiting run, a dead letter's
-replay; those four go on the continuation queue, consumed first."""
+replay, a reroute (a wake-up routed to a worker that went offline); those go on the continuation queue,
+consumed first. Under FENCED_ROUTING=reach (routing/, docs/routing.md) every one of them goes instead to
+the queue of the worker the policy picks, or nowhere (deferred) when no worker qualifies; each choice
+is recorded in the ledger ("routed") with every candidate's score."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Literal
 
 import structlog
 from celery import Celery
+from kombu import Queue
 
+from checkpoints import ledger
+from fencing import registry
+from fencing.connection import process_token
+from routing import policy
 from tasks import queues
 from tasks.celery_app import RUN_TASK
 from tasks.celery_app import app as _default_app
 
 log = structlog.get_logger("tasks.wakeup")
 
-Reason = Literal["submit", "continuation", "rescue", "reply", "replay"]
-REASONS: tuple[Reason, ...] = ("submit", "continuation", "rescue", "reply", "replay")
+Reason = Literal["submit", "continuation", "rescue", "reply", "replay", "reroute"]
+REASONS: tuple[Reason, ...] = ("submit", "continuation", "rescue", "reply", "replay", "reroute")
 _app: list[Celery] = [_default_app]
+_queues: dict[str, Queue] = {}
+_queues_lock = threading.Lock()
 
 
 def use_app(app: Celery) -> None:
@@ -34,21 +45,67 @@ def queue_for(reason: Reason, kind: str = "normal") -> str:
     return queues.for_kind(kind) if reason == "submit" else queues.CONTINUE
 
 
-def send(run_id: str, step: int | None, reason: Reason, *, kind: str = "normal") -> None:
+def send(run_id: str, step: int | None, reason: Reason, *, kind: str = "normal", prefer: str | None = None) -> None:
     """Send one wake-up for `run_id` at `step`. Raises what the broker raises (kombu's errors): the
     caller has committed what the wake-up is for, so a lost send is the sweeper's to repeat, never a
-    reason to undo the commit. After a crash mid-send either the message exists or the sweeper sends it."""
+    reason to undo the commit. After a crash mid-send either the message exists or the sweeper sends it.
+
+    Under `reach`, `prefer` (the worker that ran the previous step) keeps the run while it qualifies;
+    a wake-up nobody qualifies for is deferred (no message; the registry scan routes it again, and the
+    sweeper still wakes a run left without one)."""
     if reason not in REASONS:
         raise ValueError(f"unknown wake-up reason {reason!r}; known: {', '.join(REASONS)}")
+    if policy.reach():
+        _route(run_id, step, reason, kind, prefer)
+        return
     queue = queue_for(reason, kind)
-    options: dict[str, Any] = {"task_id": run_id} if reason == "submit" else {}
-    _app[0].send_task(RUN_TASK, args=(run_id, step), queue=queue, routing_key=queue, **options)
+    _publish(run_id, step, reason, queue, queue)
     log.debug("wakeup_sent", run_id=run_id, step=step, reason=reason, queue=queue)
 
 
+def _publish(run_id: str, step: int | None, reason: Reason, queue: str | Queue, name: str) -> None:
+    options: dict[str, Any] = {"task_id": run_id} if reason == "submit" else {}
+    _app[0].send_task(RUN_TASK, args=(run_id, step), queue=queue, routing_key=name,
+                      headers={"fenced_sent_ms": registry.now_ms()}, **options)
+
+
+def _direct(name: str) -> Queue:
+    """A worker's own queue, declared on first use (its binding lives in the broker)."""
+    with _queues_lock:
+        q = _queues.get(name)
+        if q is None:
+            q = _queues[name] = Queue(name, routing_key=name)
+        return q
+
+
+def _route(run_id: str, step: int | None, reason: Reason, kind: str, prefer: str | None) -> None:
+    decision = policy.choose(prefer)
+    if decision.worker is None or decision.queue is None:
+        registry.defer(run_id, {"step": step, "reason": reason, "kind": kind})
+        epoch = registry.epoch_mirror(run_id)
+        log.warning("wakeup_deferred", run_id=run_id, step=step, reason=reason,
+                    candidates=len(decision.candidates))
+    else:
+        epoch = registry.routed(decision.worker, run_id, step)
+        try:
+            _publish(run_id, step, reason, _direct(decision.queue), decision.queue)
+        except BaseException:
+            registry.consumed_nothing(decision.worker, run_id, step)
+            raise
+        log.info("wakeup_routed", run_id=run_id, step=step, reason=reason, worker=decision.worker,
+                 kept_preferred=decision.kept_preferred)
+    try:
+        ledger.record(run_id, epoch if epoch is not None else (0 if reason == "submit" else -1), process_token(),
+                      "routed", f"{reason} wake-up for step {'current' if step is None else step} "
+                      f"{decision.sentence()}", {"reason": reason, "step": step, **decision.detail()})
+    except Exception as exc:  # the wake-up is out (or deferred); the record is best effort
+        log.warning("routed_record_failed", run_id=run_id, error=repr(exc))
+
+
 def continuation(run_id: str, step: int) -> None:
-    """The next step's wake-up, sent after the finished step let go of (or handed over) its lease."""
-    send(run_id, step, "continuation")
+    """The next step's wake-up, sent after the finished step let go of (or handed over) its lease;
+    under `reach` it prefers this worker (warm caches) while it qualifies."""
+    send(run_id, step, "continuation", prefer=policy.this_node() or None)
 
 
 def rescue(run_id: str) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fenced_cli", "bench", "chaos", "fenced_api", "harness", "examples", "fenced", "fenced_agents", "tasks", "fencing",
-            "checkpoints", "fenced_core")
+PACKAGES = ("fenced_cli", "bench", "chaos", "fenced_api", "harness", "examples", "fenced", "fenced_agents", "tasks",
+            "routing", "fencing", "checkpoints", "fenced_core")
 
 
 def test_every_import_runs_down_the_layers():

@@ -1,0 +1,297 @@
+"""The worker registry's Redis keys and reads/writes (routing/ builds on these); every key is {routing}-tagged.
+
+What a worker is: a HASH of its metadata and last heartbeat, its entry in the WORKERS index (last beat
+ms), its recent steps (a capped LIST), and the wake-ups routed to it and not yet consumed (a ZSET). The
+registry is advice: losing all of it (a Redis wipe) routes nothing wrong, runs wait until the next
+heartbeats and the sweeper wakes them."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fencing import keys
+from fencing.broker import get_broker_redis
+from fencing.connection import get_redis
+
+TAG = "{routing}"
+WORKERS = f"{keys.PREFIX}:{TAG}:workers"  # ZSET worker name -> last heartbeat ms (online and offline)
+DEFERRED = f"{keys.PREFIX}:{TAG}:deferred"  # ZSET run_id -> ms it was deferred (no worker qualified)
+DEFERRED_INFO = f"{keys.PREFIX}:{TAG}:deferred-info"  # HASH run_id -> JSON {step, reason, kind}
+SCAN_LOCK = f"{keys.PREFIX}:{TAG}:scan-lock"  # one registry scan per interval across workers
+FEED = f"{keys.PREFIX}:{TAG}:feed"  # STREAM of routing warnings (queue too long, worker offline), capped
+FEED_KEEP = 1_000
+OFFLINE_KEEP_MS = 24 * 3_600_000  # offline workers stay listed this long, then go
+
+
+def worker(name: str) -> str:
+    """HASH of one worker: metadata, status, last beat, runs in flight, step stats."""
+    return f"{keys.PREFIX}:{TAG}:worker:{name}"
+
+
+def steps(name: str) -> str:
+    """LIST of "ms:ok" (newest first, capped) of the worker's last steps."""
+    return f"{keys.PREFIX}:{TAG}:steps:{name}"
+
+
+def pending(name: str) -> str:
+    """ZSET run_id -> routed ms: wake-ups routed to the worker's own queue that it has not consumed yet."""
+    return f"{keys.PREFIX}:{TAG}:pending:{name}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class WorkerRecord:
+    """One worker as the registry has it. `running` is the last beat's count corrected live by the
+    worker's own task starts and ends; `queued` the wake-ups routed to it and not consumed yet."""
+
+    name: str
+    beat_ms: int
+    fields: dict[str, str] = field(default_factory=dict)
+    queued: int = 0
+
+    @property
+    def status(self) -> str:
+        return self.fields.get("status", "online")
+
+    @property
+    def queue(self) -> str:
+        return self.fields.get("queue", "")
+
+    @property
+    def running(self) -> int:
+        return max(0, int(self.fields.get("running", "0") or 0))
+
+    @property
+    def concurrency(self) -> int:
+        return int(self.fields.get("concurrency", "1") or 1)
+
+    @property
+    def avg_step_ms(self) -> float | None:
+        value = self.fields.get("avg_step_ms", "")
+        return float(value) if value else None
+
+    @property
+    def success_rate(self) -> float | None:
+        value = self.fields.get("success_rate", "")
+        return float(value) if value else None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "beat_ms": self.beat_ms, "queued": self.queued,
+                               "running": self.running, "status": self.status}
+        for k, v in self.fields.items():
+            if k in ("queues", "labels"):
+                out[k] = json.loads(v) if v else []
+            else:
+                out.setdefault(k, v)
+        return out
+
+
+def beat(name: str, fields: Mapping[str, Any]) -> None:
+    """One heartbeat: the worker's fields (status online) and its index entry, in one transaction."""
+    now = now_ms()
+    data: dict[Any, Any] = {
+        k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in fields.items()}
+    data.update({"beat_ms": now, "status": "online"})
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.hset(worker(name), mapping=data)
+    pipe.hdel(worker(name), "offline_reason", "offline_ms")
+    pipe.zadd(WORKERS, {name: now})
+    pipe.execute()
+
+
+def set_status(name: str, status: str) -> None:
+    """Mark a worker (draining on a warm shutdown); the next beat sets it online again."""
+    get_redis().hset(worker(name), "status", status)
+
+
+def all_workers() -> list[WorkerRecord]:
+    """Every registered worker (online and offline), with its live queued count. Cost: O(workers)."""
+    client = get_redis()
+    index: list[tuple[str, float]] = client.zrange(WORKERS, 0, -1, withscores=True)  # type: ignore[assignment]
+    if not index:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for name, _ in index:
+        pipe.hgetall(worker(name))
+        pipe.zcard(pending(name))
+    replies = pipe.execute()
+    return [WorkerRecord(name, int(score), replies[2 * i] or {}, int(replies[2 * i + 1]))
+            for i, (name, score) in enumerate(index)]
+
+
+def stale(before_ms: int) -> list[str]:
+    """Workers whose last beat is older than `before_ms` (online or not). Cost: O(log n + answer)."""
+    return get_redis().zrangebyscore(WORKERS, "-inf", before_ms)  # type: ignore[return-value]
+
+
+def mark_offline(name: str, reason: str) -> list[str] | None:
+    """Mark `name` offline unless it already is; returns the wake-ups ("run_id|step") routed to it and not consumed
+    (the pending set goes), or None if it was offline already. A later beat makes it online again."""
+    client = get_redis()
+    if client.hget(worker(name), "status") == "offline":
+        return None
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(worker(name), mapping={"status": "offline", "offline_reason": reason, "offline_ms": now_ms(),
+                                     "running": 0})
+    pipe.zrange(pending(name), 0, -1)
+    pipe.delete(pending(name))
+    return list(pipe.execute()[1])
+
+
+def take_pending(name: str) -> list[str]:
+    """The wake-ups ("run_id|step") routed to `name` and not consumed, taken out of its set (an offline
+    worker's leftovers)."""
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.zrange(pending(name), 0, -1)
+    pipe.delete(pending(name))
+    return list(pipe.execute()[0])
+
+
+def forget(name: str) -> None:
+    """Drop a worker that has been offline for OFFLINE_KEEP_MS."""
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.zrem(WORKERS, name)
+    pipe.delete(worker(name), steps(name), pending(name))
+    pipe.execute()
+
+
+def pending_member(run_id: str, step: int | None) -> str:
+    """The pending set's member for a wake-up of `run_id` at `step` ("run_id|step", "run_id|" for None)."""
+    return f"{run_id}|{'' if step is None else step}"
+
+
+def routed(name: str, run_id: str, step: int | None) -> int | None:
+    """Record a wake-up routed to `name` (its queued count grows until it consumes it); returns the run's
+    epoch as Redis mirrors it (None if unknown), read in the same round trip."""
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.zadd(pending(name), {pending_member(run_id, step): now_ms()})
+    pipe.get(keys.epoch(run_id))
+    mirror = pipe.execute()[1]
+    return int(mirror) if mirror is not None else None
+
+
+def epoch_mirror(run_id: str) -> int | None:
+    value = get_redis().get(keys.epoch(run_id))
+    return int(value) if value is not None else None
+
+
+def consumed(name: str, run_id: str, step: int | None) -> None:
+    """The worker took a wake-up off its queues and starts it: no longer queued, one more running."""
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.zrem(pending(name), pending_member(run_id, step))
+    pipe.hincrby(worker(name), "running", 1)
+    pipe.execute()
+
+
+def consumed_nothing(name: str, run_id: str, step: int | None) -> None:
+    """Undo `routed` after a send that failed: nothing is queued for `name` after all."""
+    get_redis().zrem(pending(name), pending_member(run_id, step))
+
+
+def ended(name: str) -> None:
+    """A delivery ended on the worker: one fewer running (the next beat writes the true count anyway)."""
+    get_redis().hincrby(worker(name), "running", -1)
+
+
+def record_step(name: str, ms: float, ok: bool, window: int) -> None:
+    """Add one finished (ok) or failed step to the worker's last `window` steps."""
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.lpush(steps(name), f"{ms:.0f}:{1 if ok else 0}")
+    pipe.ltrim(steps(name), 0, window - 1)
+    pipe.execute()
+
+
+def step_stats(name: str, window: int) -> tuple[float | None, float | None, int]:
+    """(average step ms, success rate, steps counted) over the worker's last `window` steps."""
+    raw: list[str] = get_redis().lrange(steps(name), 0, window - 1)  # type: ignore[assignment]
+    parsed = []
+    for item in raw:
+        ms, _, ok = item.partition(":")
+        try:
+            parsed.append((float(ms), ok == "1"))
+        except ValueError:
+            continue
+    if not parsed:
+        return None, None, 0
+    oks = [ms for ms, ok in parsed if ok]
+    avg = sum(oks) / len(oks) if oks else sum(ms for ms, _ in parsed) / len(parsed)
+    return avg, len(oks) / len(parsed), len(parsed)
+
+
+def defer(run_id: str, info: Mapping[str, Any]) -> None:
+    """Park a wake-up nobody qualified for (no message anywhere); the scan routes it again."""
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.zadd(DEFERRED, {run_id: now_ms()}, nx=True)
+    pipe.hset(DEFERRED_INFO, run_id, json.dumps(dict(info)))
+    pipe.execute()
+
+
+def deferred(batch: int) -> list[tuple[str, dict[str, Any]]]:
+    """The oldest `batch` deferred wake-ups with what they were for."""
+    client = get_redis()
+    run_ids: list[str] = client.zrange(DEFERRED, 0, batch - 1)  # type: ignore[assignment]
+    if not run_ids:
+        return []
+    infos = client.hmget(DEFERRED_INFO, run_ids)
+    return [(r, json.loads(i) if i else {}) for r, i in zip(run_ids, infos, strict=True)]
+
+
+def undefer(run_ids: Iterable[str]) -> None:
+    ids = list(run_ids)
+    if ids:
+        pipe = get_redis().pipeline(transaction=True)
+        pipe.zrem(DEFERRED, *ids)
+        pipe.hdel(DEFERRED_INFO, *ids)
+        pipe.execute()
+
+
+def deferred_count() -> int:
+    return int(get_redis().zcard(DEFERRED))
+
+
+def try_scan_lock(token: str, interval_ms: int) -> bool:
+    """True for the one process that scans in this interval."""
+    return bool(get_redis().set(SCAN_LOCK, token, nx=True, px=interval_ms))
+
+
+def warn(event: Mapping[str, Any]) -> None:
+    """Add a warning to the routing feed (capped stream)."""
+    get_redis().xadd(FEED, {k: str(v) for k, v in event.items()}, maxlen=FEED_KEEP, approximate=True)
+
+
+def feed(count: int = 50) -> list[dict[str, str]]:
+    """The newest `count` routing warnings, newest first."""
+    entries: list[tuple[str, dict[str, str]]] = get_redis().xrevrange(FEED, count=count)  # type: ignore[assignment]
+    return [{"id": eid, **data} for eid, data in entries]
+
+
+def queue_depths(queues: Iterable[str]) -> dict[str, tuple[int, int | None]]:
+    """queue -> (messages waiting, ms since the oldest was sent, if the sender stamped it)."""
+    names = list(queues)
+    if not names:
+        return {}
+    pipe = get_broker_redis().pipeline(transaction=False)
+    for q in names:
+        pipe.llen(keys.broker_queue(q))
+        pipe.lindex(keys.broker_queue(q), -1)  # kombu LPUSHes and BRPOPs: the oldest is last
+    replies = pipe.execute()
+    now = now_ms()
+    out: dict[str, tuple[int, int | None]] = {}
+    for i, q in enumerate(names):
+        length, oldest = int(replies[2 * i]), replies[2 * i + 1]
+        lag = None
+        if oldest:
+            try:
+                sent = json.loads(oldest).get("headers", {}).get("fenced_sent_ms")
+                lag = now - int(sent) if sent else None
+            except (ValueError, TypeError, AttributeError):
+                lag = None
+        out[q] = (length, lag)
+    return out

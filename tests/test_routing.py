@@ -1,0 +1,243 @@
+"""Reachability routing (issue 14): the score, the policy, the scan, and real workers slowed, frozen and killed.
+
+The worker tests use short intervals (heartbeat 0.5 s, scan 0.25 s: offline after 3 x 0.5 + 0.5 = 2 s
+instead of 15.5 s) so they run in seconds; the logic is the same at the defaults."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from checkpoints import ledger
+from fenced_core.settings import get_settings
+from fencing import registry
+from fencing.connection import get_redis
+from fencing.registry import WorkerRecord
+from routing import policy, scan
+from routing.score import candidate
+from tasks import submit_run, wakeup
+from tests.workers_fixture import wait_for, wait_terminal
+
+FAST = {"routing": "reach", "routing_heartbeat_ms": 500, "routing_scan_ms": 250}
+
+
+def _record(name: str, age_ms: int = 0, avg_ms: float | None = None, rate: float | None = None, running: int = 0,
+            queued: int = 0, queue: str = "q", status: str = "online", concurrency: int = 4) -> WorkerRecord:
+    fields = {"queue": queue, "status": status, "running": str(running), "concurrency": str(concurrency),
+              "avg_step_ms": "" if avg_ms is None else str(avg_ms), "success_rate": "" if rate is None else str(rate)}
+    return WorkerRecord(name, registry.now_ms() - age_ms, fields, queued)
+
+
+def test_score_is_the_weighted_sum_of_its_four_factors(settings_env):
+    settings_env(routing_heartbeat_ms=5000)
+    s = get_settings()
+    now = registry.now_ms()
+    c = candidate(_record("w", avg_ms=500, rate=0.9, running=1, queued=1), now, s)
+    assert c.freshness == pytest.approx(1.0, abs=0.01)
+    assert (c.speed, c.load, c.success) == (pytest.approx(1 / 1.5), pytest.approx(1 / 3), 0.9)
+    assert c.score == pytest.approx(0.3 * c.freshness + 0.2 / 1.5 + 0.3 / 3 + 0.2 * 0.9)
+    stale = candidate(_record("w", age_ms=15_000), now, s)
+    assert stale.freshness < 0.06, "near 0 at 15 s (3 heartbeat periods)"
+    assert candidate(_record("w", running=0), now, s).score > candidate(_record("w", running=3), now, s).score
+
+
+def test_threshold_status_and_own_queue_decide_who_qualifies(settings_env):
+    settings_env(routing_threshold=0.9)
+    s = get_settings()
+    now = registry.now_ms()
+    assert not candidate(_record("w", running=5), now, s).qualified  # 0.3+0.2+0.05+0.2 = 0.75 < 0.9
+    settings_env(routing_threshold=0.3)
+    s = get_settings()
+    assert candidate(_record("w"), now, s).qualified
+    assert candidate(_record("w", status="draining"), now, s).why_not == "draining"
+    assert "no queue of its own" in candidate(_record("w", queue=""), now, s).why_not
+
+
+def _beat(name: str, *, queue: bool = True, running: int = 0, avg_ms: float | None = None,
+          concurrency: int = 4) -> None:
+    registry.beat(name, {"queue": policy.queue_of(name) if queue else "", "concurrency": concurrency,
+                         "running": running, "avg_step_ms": "" if avg_ms is None else avg_ms, "success_rate": ""})
+
+
+def test_choose_picks_the_best_and_keeps_the_previous_worker_while_it_has_room(redis_client, settings_env):
+    settings_env(routing="reach")
+    _beat("slow@h", avg_ms=3000)
+    _beat("fast@h", avg_ms=300)
+    d = policy.choose()
+    assert d.worker == "fast@h" and [c.worker for c in d.candidates] == ["fast@h", "slow@h"]
+    assert "routed to fast@h" in d.sentence() and "next: slow@h" in d.sentence()
+    # A continuation from slow@h stays there while it has a free slot once its step ends...
+    _beat("slow@h", avg_ms=3000, running=1, concurrency=1)
+    kept = policy.choose(prefer="slow@h")
+    assert kept.worker == "slow@h" and kept.kept_preferred
+    # ...and goes elsewhere when it is full (overloaded) or not qualified (draining).
+    _beat("slow@h", avg_ms=3000, running=2, concurrency=1)
+    assert policy.choose(prefer="slow@h").worker == "fast@h"
+    _beat("slow@h", avg_ms=3000)
+    registry.set_status("slow@h", "draining")
+    moved = policy.choose(prefer="slow@h")
+    assert moved.worker == "fast@h" and "passed over (draining)" in moved.sentence()
+    # Equal scores: fewer runs in flight first (routed-and-not-consumed wake-ups count).
+    _beat("a@h")
+    _beat("b@h")
+    registry.routed("a@h", "r1", None)
+    assert policy.choose().worker == "b@h"
+
+
+def test_shared_policy_sends_as_before(mysql_store, settings_env):
+    settings_env(routing="shared")
+    run_id = submit_run("u1", "buy headphones")
+    client = get_redis()
+    assert client.llen("agents") == 1
+    assert not [e for e in ledger.history(run_id) if e.kind == "routed"]
+    assert not client.keys("fenced:{routing}:pending:*")
+
+
+def test_nobody_qualifies_defers_without_a_message_and_the_scan_routes_it_later(mysql_store, settings_env):
+    settings_env(routing="reach")
+    client = get_redis()
+    run_id = submit_run("u1", "buy headphones")
+    assert client.llen("agents") == 0 and client.llen("agents.continue") == 0, "no message anywhere"
+    assert registry.deferred(10)[0][0] == run_id
+    [entry] = [e for e in ledger.history(run_id) if e.kind == "routed"]
+    assert entry.detail["worker"] is None and "deferred" in entry.reason and entry.epoch == 0
+    # Still nobody: the scan leaves it deferred and writes nothing more.
+    scan.scan(_resend, force=True)
+    assert registry.deferred_count() == 1 and len([e for e in ledger.history(run_id) if e.kind == "routed"]) == 1
+    _beat("w1@h")
+    out = scan.scan(_resend, force=True)
+    assert out.routed_deferred == [run_id] and registry.deferred_count() == 0
+    assert client.llen(policy.queue_of("w1@h")) == 1
+    routed = [e for e in ledger.history(run_id) if e.kind == "routed"]
+    assert routed[-1].detail["worker"] == "w1@h" and routed[-1].detail["candidates"][0]["worker"] == "w1@h"
+    assert {"score", "freshness", "speed", "load", "success"} <= set(routed[-1].detail["candidates"][0])
+
+
+def _resend(run_id: str, step: int | None, reason: str, kind: str) -> None:
+    wakeup.send(run_id, step, reason, kind=kind)  # type: ignore[arg-type]
+
+
+def test_a_worker_without_heartbeats_goes_offline_and_its_queued_wakeups_go_elsewhere(mysql_store, settings_env):
+    settings_env(routing="reach", routing_heartbeat_ms=500)
+    client = get_redis()
+    _beat("dead@h")
+    run_id = submit_run("u1", "buy headphones")
+    assert client.llen(policy.queue_of("dead@h")) == 1
+    _beat("live@h", running=3)  # busier, but alive
+    client.zadd(registry.WORKERS, {"dead@h": registry.now_ms() - scan.offline_after_ms() - 1})
+    out = scan.scan(_resend, force=True)
+    assert out.offline == ["dead@h"] and out.rerouted == [run_id]
+    assert client.hget(registry.worker("dead@h"), "status") == "offline"
+    assert client.llen(policy.queue_of("live@h")) == 1
+    assert policy.choose().worker == "live@h", "an offline worker gets nothing"
+    last = [e for e in ledger.history(run_id) if e.kind == "routed"][-1]
+    assert last.detail["reason"] == "reroute" and last.detail["worker"] == "live@h"
+    assert "dead@h" in last.reason and "offline)" in last.reason
+    assert registry.feed()[0]["kind"] == "worker_offline"
+
+
+def test_a_long_queue_warns_once_on_the_feed(redis_client, settings_env):
+    settings_env(routing_queue_warn=2)
+    client = get_redis()
+    for i in range(3):
+        client.lpush("agents", json.dumps({"headers": {"fenced_sent_ms": registry.now_ms() - 1000 * (3 - i)}}))
+    out = scan.scan(_resend, ["agents"], force=True)
+    assert out.warnings == ["agents"]
+    warning = registry.feed()[0]
+    assert warning["kind"] == "queue_long" and warning["length"] == "3" and int(warning["lag_ms"]) >= 2900
+    assert scan.scan(_resend, ["agents"], force=True).warnings == [], "once a minute, not every scan"
+
+
+# -- real workers --------------------------------------------------------------------------------------
+
+def _routed(run_ids: list[str]) -> list[ledger.Entry]:
+    return [e for r in run_ids for e in ledger.history(r) if e.kind == "routed"]
+
+
+def _first_worker(run_ids: list[str]) -> Counter[str]:
+    """Which worker each run's first (submit) wake-up was routed to."""
+    return Counter(e.detail["worker"] for e in _routed(run_ids) if e.detail["reason"] == "submit")
+
+
+def _explained(entries: list[ledger.Entry]) -> None:
+    for e in entries:
+        cands = e.detail["candidates"]
+        assert cands and all({"worker", "score", "freshness", "speed", "load", "success"} <= set(c) for c in cands)
+        if e.detail["worker"]:
+            assert f"routed to {e.detail['worker']}" in e.reason
+            best = max((c for c in cands if c["qualified"]), key=lambda c: c["score"])
+            assert e.detail["kept_preferred"] or best["worker"] == e.detail["worker"], e.detail
+
+
+def test_a_slowed_worker_receives_clearly_fewer_runs(workers, settings_env):
+    settings_env(**FAST, max_runs_per_user=100)
+    workers.start("f1")
+    workers.start("f2")
+    workers.start("slow", FENCED_STUB_STEP_MS="1000")  # 5 x the others' 200 ms
+    warm = [submit_run(f"warm{i}", "buy headphones") for i in range(6)]
+    wait_terminal(warm, timeout=60)
+    ids = []
+    for i in range(30):
+        ids.append(submit_run(f"u{i}", "buy headphones"))
+        time.sleep(0.2)
+    wait_terminal(ids, timeout=120)
+    got = _first_worker(ids)
+    fast = [n for n in got if not n.startswith("slow")]
+    slow = sum(v for n, v in got.items() if n.startswith("slow"))
+    print("runs per worker:", dict(got))
+    assert sum(got.values()) == 30
+    assert slow * 2 < min(got[n] for n in fast), got
+    _explained(_routed(ids))
+
+
+def test_a_frozen_worker_receives_nothing_once_offline_and_every_run_finishes(workers, settings_env):
+    settings_env(**FAST)
+    workers.start("a")
+    frozen = workers.start("b")
+    node = wait_for(lambda: next((w.name for w in registry.all_workers() if w.name.startswith("b@")), None), 10,
+                    "b to register")
+    early = [submit_run(f"e{i}", "buy headphones") for i in range(4)]
+    frozen.kill(signal.SIGSTOP)
+    try:
+        last_beat = int(get_redis().zscore(registry.WORKERS, node))
+        offline_at = last_beat + scan.offline_after_ms()
+        ids = []
+        for i in range(20):
+            ids.append(submit_run(f"u{i}", "buy headphones"))
+            time.sleep(0.2)
+        wait_terminal(early + ids, timeout=90)
+        late = [e for e in _routed(early + ids) if e.at_ms > offline_at + 300]
+        assert late, "decisions were made after the offline bound"
+        assert all(e.detail["worker"] != node for e in late), [e.reason for e in late if e.detail["worker"] == node]
+        assert get_redis().hget(registry.worker(node), "status") == "offline"
+        _explained(_routed(early + ids))
+    finally:
+        frozen.kill(signal.SIGCONT)
+
+
+def test_every_run_routed_to_a_killed_worker_finishes(workers, settings_env):
+    settings_env(**FAST, max_runs_per_user=100)
+    workers.start("a")
+    workers.start("b")
+    victim = workers.start("c", concurrency=2)
+    ids = [submit_run(f"u{i}", "buy headphones") for i in range(16)]
+    node = wait_for(lambda: next((w for w in registry.all_workers() if w.name.startswith("c@")
+                                  and w.running + w.queued >= 2), None), 20, "runs routed to c").name
+    routed_to_victim = {e.run_id for e in _routed(ids) if e.detail["worker"] == node}
+    victim.kill(signal.SIGKILL)
+    killed_at = registry.now_ms()
+    runs_ = wait_terminal(ids, timeout=90)
+    assert all(r.state == "done" for r in runs_), [(r.run_id, r.state) for r in runs_]
+    assert routed_to_victim
+    status = get_redis().hgetall(registry.worker(node))
+    assert status["status"] == "offline"
+    switch_ms = int(status["offline_ms"]) - killed_at
+    print(f"kill -9 to offline: {switch_ms} ms ({status['offline_reason']})")
+    assert switch_ms < 2000, status
+    after = [e for e in _routed(ids) if e.at_ms > int(status["offline_ms"])]
+    assert all(e.detail["worker"] != node for e in after)
+    _explained(_routed(ids))
