@@ -16,6 +16,7 @@ from tasks import wakeup
 from tasks.bootsteps import LivenessStep
 from tasks.celery_app import RUN_TASK, app
 from tasks.delivery import deliver
+from tasks.metrics import MetricsStep
 from tasks.routing_worker import RoutingStep
 
 log = structlog.get_logger("tasks.app")
@@ -118,4 +119,5 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
 
 
 app.steps["worker"].add(LivenessStep)
+app.steps["worker"].add(MetricsStep)  # /metrics on FENCED_METRICS_PORT (off by default)
 app.steps["worker"].add(RoutingStep)  # the worker registry and routing (routing/, docs/routing.md)

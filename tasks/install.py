@@ -21,6 +21,7 @@ def install(app: Celery) -> Celery:
     from fenced_core.settings import get_settings
     from tasks.app import RunEnded, RunRequest, run_agent
     from tasks.bootsteps import LivenessStep
+    from tasks.metrics import MetricsStep
 
     if app.main == "fenced" and "fenced.run_agent" in app.tasks:
         return app  # fenced's own app
@@ -37,4 +38,6 @@ def install(app: Celery) -> Celery:
                  throws=(RunEnded,))(run_agent.run.__func__)
     if LivenessStep not in app.steps["worker"]:
         app.steps["worker"].add(LivenessStep)
+    if MetricsStep not in app.steps["worker"]:
+        app.steps["worker"].add(MetricsStep)
     return app

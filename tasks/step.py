@@ -33,7 +33,7 @@ from fenced_core.settings import get_settings
 from fencing import events, faults
 from fencing.lease import Lease, now_ms
 from fencing.watchdog import get_watchdog
-from tasks import context, endings, hooks, programs
+from tasks import context, endings, hooks, metrics, programs
 
 log = structlog.get_logger("tasks.step")
 
@@ -130,7 +130,8 @@ class StepRunner:
         """Checkpoint A: the step's paid decision and its usage; a resume replays it, never pays again."""
         faults.point("before_checkpoint_a", self.run_id)
         self.decision = decision
-        runs.write_decided(self.c, self.step, self.checkpoint(decision=decision), self.usage, self.last_event_id)
+        with metrics.checkpoint_timer("A"):
+            runs.write_decided(self.c, self.step, self.checkpoint(decision=decision), self.usage, self.last_event_id)
 
     def step_done(self, record: dict[str, Any], name: str) -> Outcome:
         """Checkpoint B: `record` joins the history, the run moves to the next step and is handed over."""
@@ -138,7 +139,8 @@ class StepRunner:
         self.boundary()
         self.history.append(record)
         self.emit(f"s{self.step}:done", "step_done", {"name": name})
-        runs.write_step_done(self.c, self.step, self.checkpoint(), self.usage, self.last_event_id)
+        with metrics.checkpoint_timer("B"):
+            runs.write_step_done(self.c, self.step, self.checkpoint(), self.usage, self.last_event_id)
         self.log.info("step_done")
         hooks.step_done(self.run_id, self.c.epoch, self.step, name)
         return Outcome("continue", next_step=self.step + 1)
@@ -149,7 +151,8 @@ class StepRunner:
         self.boundary()
         if record is not None:
             self.history.append(record)
-        charge = runs.finish(self.c, "done", self.checkpoint(), self.usage, self.last_event_id, answer=answer)
+        with metrics.checkpoint_timer("terminal"):
+            charge = runs.finish(self.c, "done", self.checkpoint(), self.usage, self.last_event_id, answer=answer)
         endings.finished(self.c, "done", {"answer": answer, "credits_charged": charge}, self.emit)
         self.log.info("run_done", credits=charge)
         faults.point("after_terminal_write", self.run_id)
