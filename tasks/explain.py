@@ -26,6 +26,7 @@ QUESTIONS = {
     "effects_once": "Why was no effect (a cart card, an order) made twice?",
     "resumed": "Why did it resume instead of restarting, and from which checkpoint?",
     "waited": "Why did it wait, and for what?",
+    "routed": "Why did it go to the worker it went to?",
 }
 CLAIMS = ("claimed", "takeover")
 TERMINAL = ("done", "failed", "cancelled")
@@ -66,7 +67,7 @@ def explain(run_id: str, user_id: str | None = None) -> Explanation:
     entries = ledger.history(run.run_id)
     x = _Reader(entries)
     answers = [a for a in (x.outcome(run), x.retried(), x.dead_letter(run), x.workers(), x.charged_once(run),
-                           x.effects_once(), x.resumed(), x.waited(run)) if a is not None]
+                           x.effects_once(), x.resumed(), x.waited(run), x.routed()) if a is not None]
     summary = (f"Run {run.run_id} ({run.agent}, {run.kind}) of user {run.user_id} was submitted at "
                f"{_when(run.created_at_ms, date=True)}; it is {run.state} at step {run.step}, epoch {run.epoch}, "
                f"after {sum(e.kind in CLAIMS for e in entries)} claim(s) by {len(x.processes())} worker process(es).")
@@ -121,6 +122,10 @@ class _Reader:
         if run.state in ("queued", "running") and not said:
             said.append(f"It is {run.state}: it has not ended yet.")
         return _answer("outcome", said)
+
+    def routed(self) -> Answer | None:
+        """FENCED_ROUTING=reach: each wake-up's routing decision with the scores behind it (routing/)."""
+        return _answer("routed", [f"{self.at(e)}: {e.reason}." for e in self.of("routed")])
 
     def retried(self) -> Answer | None:
         retries = self.of("retry")
@@ -213,7 +218,7 @@ class _Reader:
             if t.detail.get("phase") == "decided":
                 said.append(f"{self.at(t)} resumed from checkpoint A, so the model call of step "
                             f"{self.step_of.get(t.epoch, '?')} was replayed from its record, not paid again.")
-        if not settled and not run.terminal:
+        if not settled and not run.ended:
             said += [f"Nothing is charged yet: {e.reason}." for e in self.of("submitted")]
         return _answer("charged_once", said)
 

@@ -11,8 +11,11 @@ import time
 from collections import Counter
 
 import pytest
+import sqlalchemy as sa
 
 from checkpoints import ledger
+from checkpoints.db import transaction
+from checkpoints.schema import run_ledger
 from fenced_core.settings import get_settings
 from fencing import registry
 from fencing.connection import get_redis
@@ -81,10 +84,13 @@ def test_choose_picks_the_best_and_keeps_the_previous_worker_while_it_has_room(r
     registry.set_status("slow@h", "draining")
     moved = policy.choose(prefer="slow@h")
     assert moved.worker == "fast@h" and "passed over (draining)" in moved.sentence()
-    # Equal scores: fewer runs in flight first (routed-and-not-consumed wake-ups count).
+    # Runs in flight = running + routed and not yet consumed: 2 queued weigh more than 1 running.
+    registry.forget("fast@h")
+    registry.forget("slow@h")
     _beat("a@h")
-    _beat("b@h")
+    _beat("b@h", running=1)
     registry.routed("a@h", "r1", None)
+    registry.routed("a@h", "r2", 3)
     assert policy.choose().worker == "b@h"
 
 
@@ -237,7 +243,39 @@ def test_every_run_routed_to_a_killed_worker_finishes(workers, settings_env):
     assert status["status"] == "offline"
     switch_ms = int(status["offline_ms"]) - killed_at
     print(f"kill -9 to offline: {switch_ms} ms ({status['offline_reason']})")
-    assert switch_ms < 2000, status
+    assert switch_ms < 2000 and "no Redis connection" in status["offline_reason"], status
     after = [e for e in _routed(ids) if e.at_ms > int(status["offline_ms"])]
     assert all(e.detail["worker"] != node for e in after)
     _explained(_routed(ids))
+    from tasks.explain import explain
+
+    why = explain(sorted(routed_to_victim)[0]).answer("routed")
+    assert why is not None and any(f"routed to {node}" in s for s in why.sentences), why
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("name", ["kill", "zombie"])
+def test_chaos_scenario_passes_under_reach(name, mysql_store, tmp_path, settings_env):
+    """The chaos suite's kill and zombie scenarios at CI scale with FENCED_ROUTING=reach in the workers
+    (they inherit this process's environment) and in this process (the scenarios submit from here)."""
+    from dataclasses import replace
+
+    from chaos.harness import ChaosConfig
+    from chaos.report import percentile
+    from chaos.scenarios import bounds, run
+    from tests.test_chaos import CFG, REDUCED
+
+    settings_env(**FAST)
+    cfg = replace(ChaosConfig(lease_ms=2000, step_ms=300, tool_ms=200, log_dir=tmp_path), **CFG.get(name, {}))
+    result = run(name, cfg, progress=lambda _msg: None, **REDUCED[name])
+    assert result.runs > 0 and result.acted > 0, result.notes
+    assert result.ok, [f"{f.run_id} {f.condition}: {f.reason}" for f in result.failures] + result.notes
+    assert result.false_positives == 0
+    if name == "kill":
+        takeovers = result.latencies_ms.get("whole-worker kill", [])
+        assert takeovers and (percentile(takeovers, 95) or 0) <= bounds(cfg).kill_p95_ms, takeovers
+    assert {w.fields.get("policy") for w in registry.all_workers()} == {"reach"}
+    with transaction(readonly=True) as conn:
+        reasons = [json.loads(d)["reason"] for (d,) in conn.execute(
+            sa.select(run_ledger.c.detail).where(run_ledger.c.kind == "routed"))]
+    assert reasons.count("submit") >= result.runs and "continuation" in reasons, Counter(reasons)
