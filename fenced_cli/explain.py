@@ -16,9 +16,10 @@ def explain(run_id: RunArg, as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(found.to_dict())
         return
-    out.print(found.summary)
+    # One line per sentence, never wrapped mid-word by us: a terminal folds it, a pipe or grep gets it whole.
+    out.print(found.summary, soft_wrap=True)
     for answer in found.answers:
         out.print()
         out.print(answer.question, style="bold")
         for sentence in answer.sentences:
-            out.print(f"  - {sentence}")
+            out.print(f"  - {sentence}", soft_wrap=True)
