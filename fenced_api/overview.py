@@ -7,8 +7,8 @@ What it reads, and what that costs (nothing on the workers' hot path: no worker 
   ended runs, from where the hub last read each: the runs' own streams, so a takeover's `task_resumed`
   appears as its new holder appends it;
 - workers: fencing.overview.processes (fast takeover's registry, CLIENT LIST, each process's lease set)
-  every WORKERS_EVERY_S; dead letters and per-state counts every SLOW_EVERY_S (or at once when a run
-  went dead).
+  every WORKERS_EVERY_S; per-state counts at most every WORKERS_EVERY_S while runs change (and every
+  SLOW_EVERY_S); dead letters every SLOW_EVERY_S (or at once when a run went dead).
 A client gets a snapshot, then only what changed. The hub runs while at least one client listens; its
 state is rebuilt from the stores when it starts, so a crashed or restarted API process loses nothing.
 """
@@ -98,7 +98,8 @@ class Hub:
         self.gone: dict[str, int] = {}  # run id -> updated_at_ms when _prune let it go
         self.since_ms = 0
         self.thread: threading.Thread | None = None
-        self.next_workers = self.next_slow = 0.0
+        self.next_workers = self.next_slow = self.next_count = 0.0
+        self.stale = False
         self.seen = {"events": 0, "takeovers": 0}
 
     # -- clients ------------------------------------------------------------------------------------
@@ -149,10 +150,11 @@ class Hub:
         feed = sorted((event_dict(r, e) for r, evs in recent.items() for e in evs), key=_order)
         self.feed = deque(feed[-FEED_KEEP:], maxlen=FEED_KEEP)
         self.workers = self._workers()
-        self.dead_letters, self.counters = self._slow()
+        self.dead_letters = self._dead_letters()
+        self.counters = self._counters()
 
     def _loop(self) -> None:
-        self.next_workers = self.next_slow = time.monotonic()
+        self.next_workers = self.next_slow = self.next_count = time.monotonic()
         while True:
             with self.lock:
                 if not self.clients:
@@ -187,12 +189,18 @@ class Hub:
             if workers != self.workers:
                 self.workers = workers
                 self._send({"type": "workers", "now_ms": _now(), "workers": workers})
-        if now >= self.next_slow or any(r["state"] == "dead" for r in changed):
+        if changed or found:
+            self.stale = True  # the counts moved: recount at the next workers' round, not every tick
+        slow = now >= self.next_slow or any(r["state"] == "dead" for r in changed)
+        if slow:
             self.next_slow = now + SLOW_EVERY_S
-            dead, counters = self._slow()
+            dead = self._dead_letters()
             if dead != self.dead_letters:
                 self.dead_letters = dead
                 self._send({"type": "dead_letters", "dead_letters": dead})
+        if slow or (self.stale and now >= self.next_count):
+            self.next_count, self.stale = now + WORKERS_EVERY_S, False
+            counters = self._counters()
             if counters != self.counters:
                 self.counters = counters
                 self._send({"type": "counters", "counters": counters})
@@ -221,7 +229,8 @@ class Hub:
             old = self.runs.get(row["run_id"])
             if old is None and self.gone.get(row["run_id"]) == row["updated_at_ms"]:
                 continue  # let go by _prune and not written since
-            row["lease_deadline_ms"] = old.get("lease_deadline_ms") if old else None
+            if old and row["state"] in ("queued", "running"):
+                row["lease_deadline_ms"] = old.get("lease_deadline_ms")  # refreshed by _leases
             if old != row:
                 self.runs[row["run_id"]] = row
                 self.positions.setdefault(row["run_id"], "0-0")
@@ -269,17 +278,20 @@ class Hub:
     def _workers(self) -> list[dict[str, Any]]:
         return [asdict(p) for p in overview.processes()]
 
-    def _slow(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        dead = [{"run_id": d.run_id, "step": d.step, "reason": d.reason, "attempts": len(d.attempts),
+    def _dead_letters(self) -> list[dict[str, Any]]:
+        return [{"run_id": d.run_id, "step": d.step, "reason": d.reason, "attempts": len(d.attempts),
                  "at_ms": d.at_ms, "replays": d.replays} for d in service.dead_letters(limit=50)]
+
+    def _counters(self) -> dict[str, Any]:
+        """Runs per state (one GROUP BY on the state index), dead letters now, fast takeover's false
+        positives, and what this hub has seen since it started."""
         with transaction(readonly=True) as conn:
             by_state = {s: 0 for s in RUN_STATES}
             by_state.update({s: int(n) for s, n in conn.execute(
                 sa.select(_RC.state, sa.func.count()).group_by(_RC.state))})
-        counters = {"runs_by_state": by_state, "dead_letters": len(dead),
-                    "false_positive_deaths": overview.false_positives(),
-                    "events_seen": self.seen["events"], "takeovers_seen": self.seen["takeovers"]}
-        return dead, counters
+        return {"runs_by_state": by_state, "dead_letters": len(self.dead_letters),
+                "false_positive_deaths": overview.false_positives(),
+                "events_seen": self.seen["events"], "takeovers_seen": self.seen["takeovers"]}
 
 
 def _order(event: dict[str, Any]) -> tuple[int, int]:

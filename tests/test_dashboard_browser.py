@@ -121,6 +121,12 @@ def worker_row(driver: Any, pid: int) -> list[str]:
     return []
 
 
+def show(driver: Any, selector: str) -> None:
+    """Scroll the list holding `selector` (not the page) so that element is in view (for a screenshot)."""
+    driver.execute_script("const li = document.querySelector(arguments[0]);"
+                          "li.parentElement.scrollTop = li.offsetTop - li.parentElement.offsetTop - 80;", selector)
+
+
 def run_row(driver: Any, run_id: str) -> dict[str, str] | None:
     rows = driver.find_elements(By.CSS_SELECTOR, f'#runs tr[data-run="{run_id}"]')
     if not rows:
@@ -156,7 +162,7 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
     # Live, before the kill: epoch 1, running, its tool events in the feed, a lease counting down.
     row = until(browser, "the run running under epoch 1",
                 lambda: (r := run_row(browser, run_id)) and r["state"] == "running" and r["epoch"] == "1" and r)
-    assert row["lease"].endswith(" s"), row
+    until(browser, "its lease counting down", lambda: run_row(browser, run_id)["lease"].endswith(" s"), 5)
     until(browser, "the run's tool result in the feed", lambda: "tool_result" in feed_types(browser, run_id))
     assert "task_resumed" not in feed_types(browser, run_id)
     # The user's input is data: shown literally, never parsed as HTML.
@@ -182,8 +188,14 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
     # Only a live page can show these: they exist in the stores only after the kill.
     until(browser, "task_resumed on the run page",
           lambda: browser.find_elements(By.CSS_SELECTOR, "#run-events li.task_resumed"), 40)
-    until(browser, "the run page's end", lambda: browser.find_element(By.ID, "run-state").text == "done", 40)
-    assert browser.find_element(By.CSS_SELECTOR, '#run-facts dd[data-fact="epoch"]').text == "2"
+    resumed = browser.find_element(By.CSS_SELECTOR, "#run-events li.task_resumed").text
+    assert "TAKEOVER: resumed by epoch 2 at step 0 from checkpoint 'decided'" in resumed, resumed
+    [run] = wait_terminal([run_id], timeout=40)
+    assert run.state == "done"
+    until(browser, "the run page's end", lambda: browser.find_element(By.ID, "run-state").text == "done", 20)
+    # Each later step is a claim of its own: the page shows the row's last epoch.
+    until(browser, "the run page's last epoch",
+          lambda: browser.find_element(By.CSS_SELECTOR, '#run-facts dd[data-fact="epoch"]').text == str(run.epoch))
     # The half-step the crash threw away (its tool events after checkpoint A) is struck through, and
     # the replay shows once more under epoch 2.
     assert browser.find_elements(By.CSS_SELECTOR, "#run-events li.superseded.tool_result")
@@ -199,15 +211,19 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
     until(browser, "task_resumed in the overview's live feed", lambda: "task_resumed" in feed_types(browser, run_id))
     resumed = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#feed li.task_resumed")]
     assert any("TAKEOVER: resumed by epoch 2" in t for t in resumed), resumed
-    until(browser, "the run done under epoch 2",
-          lambda: (r := run_row(browser, run_id)) and r["state"] == "done" and r["epoch"] == "2", 20)
+    until(browser, "the run done in the runs table",
+          lambda: (r := run_row(browser, run_id)) and r["state"] == "done" and r["epoch"] == str(run.epoch), 20)
+    until(browser, "the takeover counted",
+          lambda: browser.find_element(By.CSS_SELECTOR, '#counters div[data-counter="takeovers seen"] b').text == "1")
+    until(browser, "the run counted done",
+          lambda: browser.find_element(By.CSS_SELECTOR, '#counters div[data-counter="runs done"] b').text == "1")
     until(browser, "the killed worker shown presumed dead, holding nothing",
           lambda: worker_row(browser, victim.pid)[1].startswith("presumed dead")
           and worker_row(browser, victim.pid)[2] == "0", 20)
-    [run] = wait_terminal([run_id], timeout=10)
-    assert (run.state, run.epoch) == ("done", 2)
+    show(browser, "#feed li.task_resumed")
     browser.save_screenshot(str(ROOT / "docs" / "dashboard-overview.png"))
     browser.switch_to.window(run_tab)
+    show(browser, "#run-events li.task_resumed")
     browser.save_screenshot(str(ROOT / "docs" / "dashboard-takeover.png"))
 
 
