@@ -231,10 +231,16 @@ def test_overview_needs_an_admin_key_and_a_run_page_is_the_callers(api, browser)
     from tasks import submit_run
 
     theirs = submit_run("mallory", "someone else's run")
+    mine = submit_run("alice", XSS)
     key = api_keys.issue("alice")
     use_key(browser, api, key)
     until(browser, "the admin notice", lambda: "needs an admin key" in browser.find_element(By.ID, "notice").text)
-    assert not browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+    # Her own runs only, listed once (GET /api/runs), her input shown literally.
+    row = until(browser, "alice's run listed", lambda: run_row(browser, mine))
+    assert row["input"] == XSS and row["state"] == "queued", row
+    assert run_row(browser, theirs) is None
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")) == 1
+    assert browser.execute_script("return window.__xss === undefined")
     browser.get(f"{api}/dashboard#/run/{theirs}")
     until(browser, "another user's run refused as missing",
           lambda: "404" in browser.find_element(By.ID, "notice").text)

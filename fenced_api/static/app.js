@@ -92,10 +92,26 @@ function connectOverview() {
     clearInterval(ov.ping);
     ov.ws = null;
     setStatus($("live-status"), false, "offline");
-    if (e.code === 4403) { notice("The overview needs an admin key (fenced users add NAME --admin)."); return; }
+    if (e.code === 4403) {
+      notice("The overview needs an admin key (fenced users add NAME --admin); below are your own runs, as of now.");
+      loadMyRuns();
+      return;
+    }
     if (e.code === 1008) { notice("The API refused the key: " + (e.reason || "invalid API key")); return; }
     if (currentView() === "overview") ov.retry = setTimeout(connectOverview, 1000);  // resync: a new snapshot
   };
+}
+
+// A user's key: their own runs, once (GET /api/runs); the overview's live socket is for operators.
+async function loadMyRuns() {
+  try {
+    const page = await api("/api/runs?limit=50");
+    ov.runs = new Map(page.runs.map((r) => [r.run_id, Object.assign({ user_id: "", owner: null, phase: "",
+      query: r.input, lease_deadline_ms: null }, r)]));
+    renderRuns();
+  } catch (err) {
+    notice("Cannot list your runs: " + err.message);
+  }
 }
 
 function disconnectOverview() {
