@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     routing_w_speed: float = Field(0.2, ge=0, description="Score weight: 1/(1 + average step seconds)")
     routing_w_load: float = Field(0.3, ge=0, description="Score weight: 1/(1 + runs in flight)")
     routing_w_success: float = Field(0.2, ge=0, description="Score weight: step success rate")
+    routing_prefer_margin: float = Field(0.05, ge=0, description="A continuation stays on its worker while "
+                                         "that worker scores within this of the best")
     routing_window: int = Field(50, gt=0, description="Steps the average step time and success rate cover")
     routing_queue_warn: int = Field(200, gt=0, description="Queue length past which a warning goes to the feed")
     worker_labels: str = Field("", description="Comma-separated labels a worker registers with (shown only)")

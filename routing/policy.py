@@ -57,7 +57,8 @@ class Decision:
             text += ": it ran the previous step and still qualifies"
         elif self.prefer:
             pref = next((c for c in self.candidates if c.worker == self.prefer), None)
-            why = "not registered" if pref is None else (pref.why_not or "overloaded: no free slot")
+            why = "not registered" if pref is None else (
+                pref.why_not or f"overloaded or over {get_settings().routing_prefer_margin:g} under the best")
             text += f"; the previous step's worker {self.prefer} was passed over ({why})"
         others = [c for c in self.candidates if c.worker != self.worker]
         if others:
@@ -88,15 +89,19 @@ def candidates(now_ms: int | None = None) -> list[Candidate]:
 
 
 def choose(prefer: str | None = None) -> Decision:
-    """Pick a worker: `prefer` (the worker that ran the previous step) when it qualifies and has a free
-    slot once its current step ends, else the best qualified one; None when nobody qualifies."""
+    """Pick a worker: `prefer` (the worker that ran the previous step) when it qualifies, has a free slot
+    once its current step ends, and scores within `routing_prefer_margin` of the best (counting that
+    step as ended); else the best qualified one; None when nobody qualifies."""
+    s = get_settings()
     cands = candidates()
     qualified = [c for c in cands if c.qualified]
-    if prefer:
+    if prefer and qualified:
         pref = next((c for c in qualified if c.worker == prefer), None)
         # Its running count still holds the step that is sending this continuation.
         if pref is not None and pref.running - 1 + pref.queued < pref.concurrency:
-            return Decision(pref.worker, pref.queue, cands, prefer, kept_preferred=True)
+            own = pref.score - s.routing_w_load * (pref.load - 1.0 / max(1, pref.running + pref.queued))
+            if own >= qualified[0].score - s.routing_prefer_margin:
+                return Decision(pref.worker, pref.queue, cands, prefer, kept_preferred=True)
     if not qualified:
         return Decision(None, None, cands, prefer)
     best = qualified[0]

@@ -73,20 +73,23 @@ def test_choose_picks_the_best_and_keeps_the_previous_worker_while_it_has_room(r
     d = policy.choose()
     assert d.worker == "fast@h" and [c.worker for c in d.candidates] == ["fast@h", "slow@h"]
     assert "routed to fast@h" in d.sentence() and "next: slow@h" in d.sentence()
-    # A continuation from slow@h stays there while it has a free slot once its step ends...
-    _beat("slow@h", avg_ms=3000, running=1, concurrency=1)
-    kept = policy.choose(prefer="slow@h")
-    assert kept.worker == "slow@h" and kept.kept_preferred
-    # ...and goes elsewhere when it is full (overloaded) or not qualified (draining).
-    _beat("slow@h", avg_ms=3000, running=2, concurrency=1)
+    # A continuation stays on its worker while it has a free slot once its step ends and scores within
+    # the margin of the best (its own step counted as ended)...
+    _beat("warm@h", avg_ms=400, running=1, concurrency=1)
+    kept = policy.choose(prefer="warm@h")
+    assert kept.worker == "warm@h" and kept.kept_preferred and "still qualifies" in kept.sentence()
+    # ...and goes elsewhere when it is full (overloaded), clearly slower, or not qualified (draining).
+    _beat("warm@h", avg_ms=400, running=2, concurrency=1)
+    assert policy.choose(prefer="warm@h").worker == "fast@h"
+    _beat("slow@h", avg_ms=3000, running=1, concurrency=4)
     assert policy.choose(prefer="slow@h").worker == "fast@h"
-    _beat("slow@h", avg_ms=3000)
-    registry.set_status("slow@h", "draining")
-    moved = policy.choose(prefer="slow@h")
+    _beat("warm@h", avg_ms=400, running=1, concurrency=1)
+    registry.set_status("warm@h", "draining")
+    moved = policy.choose(prefer="warm@h")
     assert moved.worker == "fast@h" and "passed over (draining)" in moved.sentence()
     # Runs in flight = running + routed and not yet consumed: 2 queued weigh more than 1 running.
-    registry.forget("fast@h")
-    registry.forget("slow@h")
+    for name in ("fast@h", "slow@h", "warm@h"):
+        registry.forget(name)
     _beat("a@h")
     _beat("b@h", running=1)
     registry.routed("a@h", "r1", None)
@@ -279,3 +282,22 @@ def test_chaos_scenario_passes_under_reach(name, mysql_store, tmp_path, settings
         reasons = [json.loads(d)["reason"] for (d,) in conn.execute(
             sa.select(run_ledger.c.detail).where(run_ledger.c.kind == "routed"))]
     assert reasons.count("submit") >= result.runs and "continuation" in reasons, Counter(reasons)
+
+
+def test_fenced_workers_shows_each_worker_with_its_live_score(redis_client, settings_env):
+    from typer.testing import CliRunner
+
+    from fenced_cli import app
+
+    settings_env(routing="reach")
+    _beat("w1@h", avg_ms=400)
+    _beat("w2@h", running=2)
+    registry.set_status("w2@h", "draining")
+    runner = CliRunner()
+    data = json.loads(runner.invoke(app, ["workers", "--json"]).output)
+    assert data["policy"] == "reach" and [w["name"] for w in data["workers"]] == ["w1@h", "w2@h"]
+    first = data["workers"][0]["routing"]
+    assert first["qualified"] and first["speed"] == pytest.approx(1 / 1.4, abs=1e-3)
+    assert data["workers"][1]["routing"]["why_not"] == "draining"
+    table = runner.invoke(app, ["workers"]).output
+    assert "w1@h" in table and "no: draining" in table and "0.40 s" in table
