@@ -1,5 +1,5 @@
-"""Flower for real: `celery -A tasks flower` lists our worker and its fenced.run_agent tasks, whose arguments
-carry the run id an operator looks up with `fenced explain` / `fenced status`."""
+"""Flower for real: `fenced flower` (`celery -A tasks flower`) lists our worker and its fenced.run_agent tasks,
+whose arguments carry the run id an operator looks up with `fenced explain` / `fenced status`."""
 
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ def _free_port() -> int:
 
 @pytest.fixture
 def flower(tmp_path: Path) -> Iterator[str]:
-    """Flower on a free localhost port, its API open to local callers as `fenced flower` starts it."""
+    """`fenced flower` on a free port: it execs `celery -A tasks flower` bound to localhost, with the HTTP API
+    open to local callers (FLOWER_UNAUTHENTICATED_API, which the command sets itself)."""
     port = _free_port()
     log = open(tmp_path / "flower.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower", "--address=127.0.0.1",
-                             f"--port={port}"], cwd=ROOT, env={**os.environ, "FLOWER_UNAUTHENTICATED_API": "true"},
+    env = {k: v for k, v in os.environ.items() if k != "FLOWER_UNAUTHENTICATED_API"}
+    proc = subprocess.Popen([sys.executable, "-m", "fenced_cli", "flower", f"--port={port}"], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 
