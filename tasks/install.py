@@ -22,6 +22,7 @@ def install(app: Celery) -> Celery:
     from tasks.app import RunEnded, RunRequest, run_agent
     from tasks.bootsteps import LivenessStep
     from tasks.metrics import MetricsStep
+    from tasks.routing_worker import RoutingStep
 
     if app.main == "fenced" and "fenced.run_agent" in app.tasks:
         return app  # fenced's own app
@@ -40,4 +41,6 @@ def install(app: Celery) -> Celery:
         app.steps["worker"].add(LivenessStep)
     if MetricsStep not in app.steps["worker"]:
         app.steps["worker"].add(MetricsStep)
+    if RoutingStep not in app.steps["worker"]:
+        app.steps["worker"].add(RoutingStep)
     return app
