@@ -12,9 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from checkpoints import ledger, runs
 from fenced_api.app import create_app
-from fencing import keys
+from fencing import faults, keys
 from fencing.connection import get_redis
 from tasks import submit_run
+from tasks.explain import takeover_cause
 from tests.workers_fixture import wait_for, wait_terminal
 
 Samples = list[tuple[str, dict[str, str], float]]
@@ -159,3 +160,23 @@ def test_api_reports_a_store_that_is_down_instead_of_zeros(mysql_store, settings
     assert not [n for n, _, _ in m if n == "fenced_queue_depth"], "no queue depth is better than a made-up zero"
     assert [ls["state"] for n, ls, _ in m if n == "fenced_runs"] == ["queued", "running", "waiting", "done",
                                                                     "failed", "cancelled", "dead"]
+
+
+def test_a_killed_holder_is_counted_as_a_fast_takeover(workers) -> None:
+    ports = {"a": _free_port(), "b": _free_port()}
+    for name, port in ports.items():
+        workers.start(name, FENCED_METRICS_PORT=str(port))
+    faults.arm("after_tools")
+    run_id = submit_run("u1", "headphones")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id, hit
+    victim = workers.by_pid(hit[2])
+    victim.kill(signal.SIGKILL)  # the whole process group: its Redis connections close at once
+    wait_terminal([run_id], timeout=40)
+    survivor = next(w for w in workers.workers if w is not victim)
+    history = ledger.history(run_id)
+    [takeover] = [e for e in history if e.kind == "takeover"]
+    assert takeover_cause(history, takeover.epoch) == "fast_takeover", [e.reason for e in history]
+    wait_for(lambda: _value(_scrape(ports[survivor.name]), "fenced_takeovers_total", cause="fast_takeover") == 1,
+             10, "the survivor to count a fast takeover")
+    assert _value(_scrape(ports[survivor.name]), "fenced_takeovers_total") == 1
