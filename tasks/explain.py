@@ -35,7 +35,8 @@ EFFECTS = ("effect_created", "effect_reused", "effect_renewed", "order_placed")
 
 @dataclass(frozen=True)
 class Answer:
-    """One question about the run (`topic`, a key of QUESTIONS) and its answer, one sentence per item."""
+    """One question about the run (`topic`, a key of QUESTIONS) and its answer, one sentence per item, each
+    naming the time (UTC), the holder's epoch and the worker of the ledger entry it reads."""
 
     topic: str
     question: str
@@ -278,7 +279,8 @@ CAUSES = (("pool child", "child_death"), ("presumed dead", "fast_takeover"), ("l
 
 def takeover_note(entries: list[Entry], takeover: Entry) -> Entry | None:
     """The entry that says why `takeover`'s previous holder lost the run: a step_timeout recorded after
-    that holder's claim, else the first rescue after it; None when neither is (yet) in `entries`."""
+    that holder's claim, else the first rescue after it; None when neither is (yet) in `entries` (a rescue's
+    entry commits just after its wake-up is sent, so a takeover can be read before it)."""
     prev_epoch = int(takeover.detail.get("previous_epoch", takeover.epoch - 1))
     prev_claim = next((e.id for e in reversed(entries) if e.kind in CLAIMS and e.epoch == prev_epoch), 0)
     notes = [e for e in entries if e.kind in ("rescue", "step_timeout") and e.id > prev_claim]
