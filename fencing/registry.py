@@ -94,11 +94,12 @@ class WorkerRecord:
 
 
 def beat(name: str, fields: Mapping[str, Any]) -> None:
-    """One heartbeat: the worker's fields (status online) and its index entry, in one transaction."""
+    """One heartbeat: the worker's fields (status online unless they say otherwise) and its index entry,
+    in one transaction."""
     now = now_ms()
     data: dict[Any, Any] = {
         k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in fields.items()}
-    data.update({"beat_ms": now, "status": "online"})
+    data = {"status": "online", **data, "beat_ms": now}  # a draining worker says so in its fields
     pipe = get_redis().pipeline(transaction=True)
     pipe.hset(worker(name), mapping=data)
     pipe.hdel(worker(name), "offline_reason", "offline_ms")
@@ -188,6 +189,15 @@ def consumed(name: str, run_id: str, step: int | None) -> None:
     pipe.zrem(pending(name), pending_member(run_id, step))
     pipe.hincrby(worker(name), "running", 1)
     pipe.execute()
+
+
+def prune_pending(name: str, queue: str, before_ms: int) -> int:
+    """Drop pending entries older than `before_ms` when the worker's queue is empty: their messages were
+    taken (a lost `consumed`) or never sent (a router died between recording and sending). Returns how
+    many went. An entry recorded after the queue was read is newer than `before_ms` and stays."""
+    if int(get_broker_redis().llen(keys.broker_queue(queue))):
+        return 0
+    return int(get_redis().zremrangebyscore(pending(name), "-inf", before_ms))
 
 
 def consumed_nothing(name: str, run_id: str, step: int | None) -> None:

@@ -24,6 +24,8 @@ def beat_once(name: str, info: dict[str, Any], running: int | None) -> None:
     if running is not None:
         fields["running"] = running
     registry.beat(name, fields)
+    if info.get("queue"):
+        registry.prune_pending(name, str(info["queue"]), registry.now_ms() - s.routing_heartbeat_ms)
 
 
 class Heartbeat:

@@ -61,7 +61,7 @@ class RoutingStep(bootsteps.StartStopStep):
                 "labels": [x.strip() for x in s.worker_labels.split(",") if x.strip()],
                 "concurrency": worker.concurrency, "pool": type(worker.pool).__module__.rsplit(".", 1)[-1],
                 "policy": s.routing, "started_ms": registry.now_ms()}
-        self.heartbeat = Heartbeat(name, lambda: info, _running).start()
+        self.heartbeat = Heartbeat(name, lambda: {**info, "status": _state.get("status", "online")}, _running).start()
         self.ref = worker.timer.call_repeatedly(s.routing_scan_ms / 1000, _scan_tick)
 
     def stop(self, worker: Any) -> None:
@@ -100,6 +100,7 @@ def _scan_tick() -> None:
 @signals.worker_shutting_down.connect
 def _draining(**_: Any) -> None:
     """SIGTERM: no new wake-ups are routed here while the steps in flight drain."""
+    _state["status"] = "draining"  # the heartbeat keeps saying so while the steps in flight drain
     node = policy.this_node()
     if node:
         try:

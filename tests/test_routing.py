@@ -301,3 +301,20 @@ def test_fenced_workers_shows_each_worker_with_its_live_score(redis_client, sett
     assert data["workers"][1]["routing"]["why_not"] == "draining"
     table = runner.invoke(app, ["workers"]).output
     assert "w1@h" in table and "no: draining" in table and "0.40 s" in table
+
+
+def test_a_beat_prunes_queued_entries_whose_messages_are_gone(redis_client, settings_env):
+    from routing.heartbeat import beat_once
+
+    settings_env(routing="reach", routing_heartbeat_ms=500)
+    client = get_redis()
+    q = policy.queue_of("w1@h")
+    registry.routed("w1@h", "lost", 1)  # a router died before sending: no message
+    client.zadd(registry.pending("w1@h"), {"lost|1": registry.now_ms() - 5000})
+    registry.routed("w1@h", "fresh", 1)  # being sent right now
+    beat_once("w1@h", {"queue": q, "concurrency": 1}, 0)
+    assert client.zrange(registry.pending("w1@h"), 0, -1) == ["fresh|1"]
+    client.zadd(registry.pending("w1@h"), {"waiting|2": registry.now_ms() - 5000})
+    client.lpush(q, "{}")  # its message still waits: nothing is pruned
+    beat_once("w1@h", {"queue": q, "concurrency": 1}, 0)
+    assert len(client.zrange(registry.pending("w1@h"), 0, -1)) == 2
