@@ -318,3 +318,22 @@ def test_a_beat_prunes_queued_entries_whose_messages_are_gone(redis_client, sett
     client.lpush(q, "{}")  # its message still waits: nothing is pruned
     beat_once("w1@h", {"queue": q, "concurrency": 1}, 0)
     assert len(client.zrange(registry.pending("w1@h"), 0, -1)) == 2
+
+
+def test_a_draining_worker_keeps_saying_so_and_gets_no_new_runs(workers, settings_env):
+    settings_env(**FAST, max_runs_per_user=100)
+    workers.start("a")
+    leaving = workers.start("b", FENCED_STUB_STEP_MS="1500")
+    node = wait_for(lambda: next((w.name for w in registry.all_workers() if w.name.startswith("b@")), None), 10,
+                    "b to register")
+    first = [submit_run(f"f{i}", "buy headphones") for i in range(4)]
+    wait_for(lambda: next((w for w in registry.all_workers() if w.name == node and w.running), None), 20,
+             "a run in flight on b")
+    leaving.kill(signal.SIGTERM)
+    wait_for(lambda: get_redis().hget(registry.worker(node), "status") in ("draining", "offline"), 10, "b draining")
+    since = registry.now_ms()
+    time.sleep(1.2)  # two of b's beats: they must not make it online again
+    assert get_redis().hget(registry.worker(node), "status") in ("draining", "offline")
+    more = [submit_run(f"m{i}", "buy headphones") for i in range(4)]
+    wait_terminal(first + more, timeout=90)
+    assert all(e.detail["worker"] != node for e in _routed(first + more) if e.at_ms > since)
