@@ -172,11 +172,13 @@ def _write(r: dict[str, Any], args: argparse.Namespace) -> None:
 
 def _render(r: dict[str, Any], docs: Path) -> str:
     """Write benchmarks.md and benchmarks.png under `docs`; returns the markdown."""
+    from bench.api_live import saved_section
     from bench.report import markdown, plot
 
     docs.mkdir(parents=True, exist_ok=True)
     md = markdown(r)
-    (docs / "benchmarks.md").write_text(md + "\n![benchmarks](benchmarks.png)\n")
+    # The live-events figures come from their own run (python -m bench.api_live): kept, not lost.
+    (docs / "benchmarks.md").write_text(md + "\n![benchmarks](benchmarks.png)\n" + saved_section())
     plot(r, docs / "benchmarks.png")
     return md
 

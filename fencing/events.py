@@ -11,7 +11,7 @@ import redis
 from fenced_core.errors import FencedOut
 from fenced_core.settings import get_settings
 from fencing import keys, scripts
-from fencing.connection import get_redis
+from fencing.connection import client_for, get_redis
 from fencing.scripts import scripts_for
 
 # A run's last event by how it ended: (event id, type). The id is fixed, so a repaired one merges.
@@ -127,3 +127,75 @@ def _after(stream_id: str, covered: str) -> bool:
         return True
     a, b = (tuple(int(x) for x in s.split("-")) for s in (stream_id, covered))
     return a > b
+
+
+# -- following streams live (the API's event stream) --------------------------------------------------
+FINAL_TYPES = frozenset(type_ for _eid, type_ in FINAL_EVENTS.values())
+
+
+def id_key(stream_id: str) -> tuple[int, int]:
+    """A stream id as a sortable (ms, seq) pair; "0", "" and "-" are the beginning of a stream. Pure."""
+    if stream_id in ("", "-", "0"):
+        return (0, 0)
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _parse(stream_id: str, f: dict[str, str]) -> Event:
+    return Event(f["eid"], f["type"], int(f["step"]), int(f["epoch"]), json.loads(f["data"]), stream_id)
+
+
+def superseded_by(resume: Event, prior: list[Event]) -> set[str]:
+    """The stream ids of `prior` (events stored before the task_resumed `resume`) that it supersedes:
+    every non-resume event after the id its checkpoint covered (live_view's rule, for one resume): the
+    half-step a crash threw away, which the new holder replays under the same eids. Pure."""
+    covered = resume.data.get("last_event_id") or ""
+    return {e.stream_id for e in prior if e.type != "task_resumed" and _after(e.stream_id, covered)}
+
+
+def read_between(run_id: str, after: str, before: str, client: redis.Redis | None = None) -> list[Event]:
+    """The run's events with stream ids strictly between `after` ("" = the beginning) and `before`.
+    Reads only (safe to repeat, during a takeover or after a crash of anyone)."""
+    client = client or get_redis()
+    start = "-" if after in ("", "-", "0") else f"({after}"
+    entries: list[tuple[str, dict[str, str]]] = client.xrange(  # type: ignore[assignment]
+        keys.events(run_id), min=start, max=f"({before}")
+    return [_parse(sid, f) for sid, f in entries]
+
+
+class StreamWaiter:
+    """Waits on many runs' event streams at once (one XREAD BLOCK) on a Redis connection of its own.
+
+    Only reads: a crash or a takeover of a run changes nothing here (a resumed run's events simply
+    follow in its stream, with the task_resumed that supersedes the lost half-step). `wake()`, from any
+    thread, ends a wait early (CLIENT UNBLOCK), so a new run to watch is included at once. On Redis
+    Cluster one XREAD cannot span slots: this waiter is for a plain (or Sentinel) Redis."""
+
+    def __init__(self, url: str | None = None, max_block_ms: int = 5_000) -> None:
+        self.max_block_ms = max_block_ms
+        self.client = client_for(url or get_settings().redis_url, single_connection_client=True,
+                                 socket_timeout=max_block_ms / 1000 + 5)
+        self._id: int | None = None
+
+    def read(self, positions: dict[str, str], block_ms: int) -> dict[str, list[Event]]:
+        """Events appended to each run's stream after its position (a stream id; "0" = all), waiting up
+        to `block_ms` for the first; {} when none came (or the wait was woken)."""
+        if self._id is None:
+            self._id = int(self.client.client_id())
+        streams = {keys.events(run_id): pos or "0" for run_id, pos in positions.items()}
+        by_key = {keys.events(run_id): run_id for run_id in positions}
+        got: list[tuple[str, list[tuple[str, dict[str, str]]]]] | None = self.client.xread(  # type: ignore[assignment]
+            streams, block=min(block_ms, self.max_block_ms))  # type: ignore[arg-type]
+        out: dict[str, list[Event]] = {}
+        for key, entries in got or []:
+            out[by_key[key]] = [_parse(sid, f) for sid, f in entries]
+        return out
+
+    def wake(self, client: redis.Redis | None = None) -> None:
+        """End the current wait now (it returns {}); a no-op when not waiting."""
+        if self._id is not None:
+            (client or get_redis()).client_unblock(self._id)
+
+    def close(self) -> None:
+        """Close the waiter's connection."""
+        self.client.close()

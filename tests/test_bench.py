@@ -55,3 +55,17 @@ def test_smoke_run_measures_every_section(tmp_path):
                     "## Takeover latency", "## Detection cost", "## Checkpoint size", "Smoke run"):
         assert heading in md
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(120)
+def test_live_events_smoke(tmp_path):
+    """`python -m bench.api_live --smoke`: one API process, 20 WebSocket clients on 10 runs real workers
+    execute (about 10 s); every stream ends after its run's final event and folds into its live view."""
+    proc = subprocess.run([sys.executable, "-m", "bench.api_live", "--smoke", "--results", str(tmp_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (r,) = json.loads((tmp_path / "api-live-smoke.json").read_text())["passes"]
+    assert (r["clients"], r["runs"]) == (20, 10) and r["close_codes"] == {"1000": 20}, r
+    assert r["views_mismatched"] == 0 and r["events_delivered"] > 20 * 4, r
+    assert r["latency_ms"]["p50"] is not None and r["rss_peak_mb"] >= r["rss_idle_mb"] > 0, r
+    assert "## Live events (WebSocket fan-out)" in proc.stdout
