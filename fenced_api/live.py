@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, WebSocket
+from fastapi import APIRouter, Depends, Header, Path, Query, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,13 +25,15 @@ from starlette.websockets import WebSocketDisconnect
 
 from fenced_api.auth import Caller, caller
 from fenced_api.live_hub import Fold, Outbox, Subscriber, event_json, hub, items_of
+from fenced_api.models import RUN_ID_PATTERN
 from fenced_core.errors import InvalidRequest, RunNotFound, StoreUnavailable
 from fencing import events as ev
 from tasks import service
 
 router = APIRouter(prefix="/api", tags=["live"])
 Who = Annotated[Caller, Depends(caller)]
-RunId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$", description="A run id.")]
+RunId = Annotated[str, Path(min_length=1, max_length=64, pattern=RUN_ID_PATTERN, description="A run id.")]
+After = Query(None, description="The last stream id you were sent (e.g. 1700000000000-0): resume after it.")
 
 # Close codes (docs/live-events.md). 1000: the run ended (its final event was sent).
 CLOSE_ENDED = 1000
@@ -102,7 +104,7 @@ def start(run_id: str, who: Caller, after: str | None) -> Start:
 
 
 @router.websocket("/runs/{run_id}/events")
-async def events_ws(websocket: WebSocket, run_id: str, who: Who, after: str | None = Query(None)) -> None:
+async def events_ws(websocket: WebSocket, run_id: str, who: Who, after: str | None = After) -> None:
     """The live stream over a WebSocket. Refusals are HTTP answers to the handshake (404 another user's
     or a missing run, 400 a bad `after`, 503 a store down). Ends with close 1000 after the final event,
     4408 for a silent client, 4429 for one that does not keep up. Reads only: a worker's crash shows as
@@ -189,18 +191,18 @@ def _sse(msg: dict[str, Any]) -> str:
 
 @router.get("/runs/{run_id}/events/sse", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
-async def events_sse(request: Request, run_id: RunId, who: Who, after: str | None = Query(None),
+async def events_sse(run_id: RunId, who: Who, after: str | None = After,
                      last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
     """The same stream as server-sent events (for clients without WebSockets): each message is an
     `event:` of its type with its stream `id:`, so EventSource reconnects with Last-Event-ID and
     resumes; a comment every ping_s keeps proxies open; a slow client gets `event: dropped` and ends."""
     s = live_settings()
     opening = await run_in_threadpool(start, run_id, who, check_after(after or last_event_id))
-    return StreamingResponse(_sse_stream(request, run_id, opening, s), media_type="text/event-stream",
+    return StreamingResponse(_sse_stream(run_id, opening, s), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _sse_stream(request: Request, run_id: str, opening: Start, s: LiveSettings) -> AsyncIterator[str]:
+async def _sse_stream(run_id: str, opening: Start, s: LiveSettings) -> AsyncIterator[str]:
     for msg in opening.messages:
         yield _sse(msg)
     if opening.ended:
