@@ -19,6 +19,7 @@ from celery import Celery
 from kombu import Queue
 
 from checkpoints import ledger
+from checkpoints.db import in_transaction
 from fencing import registry
 from fencing.connection import process_token
 from routing import policy
@@ -94,6 +95,9 @@ def _route(run_id: str, step: int | None, reason: Reason, kind: str, prefer: str
             raise
         log.info("wakeup_routed", run_id=run_id, step=step, reason=reason, worker=decision.worker,
                  kept_preferred=decision.kept_preferred)
+    if in_transaction():  # its own write would wait on the caller's (SQLite: one writer): say it in the log only
+        log.warning("routed_record_skipped_in_transaction", run_id=run_id, reason=reason, worker=decision.worker)
+        return
     try:
         ledger.record(run_id, epoch if epoch is not None else (0 if reason == "submit" else -1), process_token(),
                       "routed", f"{reason} wake-up for step {'current' if step is None else step} "
