@@ -337,3 +337,17 @@ def test_a_draining_worker_keeps_saying_so_and_gets_no_new_runs(workers, setting
     more = [submit_run(f"m{i}", "buy headphones") for i in range(4)]
     wait_terminal(first + more, timeout=90)
     assert all(e.detail["worker"] != node for e in _routed(first + more) if e.at_ms > since)
+
+
+def test_a_prefork_worker_registers_routes_and_counts_its_steps(workers, settings_env):
+    settings_env(**FAST)
+    workers.start("p", pool="prefork", concurrency=2)
+    node = wait_for(lambda: next((w.name for w in registry.all_workers() if w.name.startswith("p@")), None), 10,
+                    "p to register")
+    ids = [submit_run(f"u{i}", "buy headphones") for i in range(3)]
+    wait_terminal(ids, timeout=60)
+    assert {e.detail["worker"] for e in _routed(ids)} == {node}
+    avg, rate, count = registry.step_stats(node, 50)
+    assert count >= 3 and rate == 1.0 and avg is not None and avg > 0, (avg, rate, count)
+    wait_for(lambda: registry.all_workers()[0].fields.get("pool") == "prefork", 5, "the beat to name the pool")
+    assert not get_redis().zcard(registry.pending(node)), "every routed wake-up was consumed"
