@@ -134,7 +134,9 @@ def stale(before_ms: int) -> list[str]:
 
 def mark_offline(name: str, reason: str) -> list[str] | None:
     """Mark `name` offline unless it already is; returns the wake-ups ("run_id|step") routed to it and not consumed
-    (the pending set goes), or None if it was offline already. A later beat makes it online again."""
+    (the pending set goes), or None if it was offline already. A later beat makes it online again. A
+    scanner that dies after this and before resending them: those runs are woken by the reaper (a
+    handoff's deadline) or the sweeper (no lease, no progress), as without routing."""
     client = get_redis()
     if client.hget(worker(name), "status") == "offline":
         return None
@@ -170,7 +172,8 @@ def pending_member(run_id: str, step: int | None) -> str:
 
 def routed(name: str, run_id: str, step: int | None) -> int | None:
     """Record a wake-up routed to `name` (its queued count grows until it consumes it); returns the run's
-    epoch as Redis mirrors it (None if unknown), read in the same round trip."""
+    epoch as Redis mirrors it (None if unknown), read in the same round trip. A crash before the send
+    leaves an entry with no message: the worker's next beat prunes it once its queue is empty."""
     pipe = get_redis().pipeline(transaction=False)
     pipe.zadd(pending(name), {pending_member(run_id, step): now_ms()})
     pipe.get(keys.epoch(run_id))
@@ -236,7 +239,8 @@ def step_stats(name: str, window: int) -> tuple[float | None, float | None, int]
 
 
 def defer(run_id: str, info: Mapping[str, Any]) -> None:
-    """Park a wake-up nobody qualified for (no message anywhere); the scan routes it again."""
+    """Park a wake-up nobody qualified for (no message anywhere); the scan routes it again. Lost with a
+    Redis wipe or a crash before it: the run has no lease and no progress, so the sweeper wakes it."""
     pipe = get_redis().pipeline(transaction=True)
     pipe.zadd(DEFERRED, {run_id: now_ms()}, nx=True)
     pipe.hset(DEFERRED_INFO, run_id, json.dumps(dict(info)))

@@ -91,7 +91,8 @@ def candidates(now_ms: int | None = None) -> list[Candidate]:
 def choose(prefer: str | None = None) -> Decision:
     """Pick a worker: `prefer` (the worker that ran the previous step) when it qualifies, has a free slot
     once its current step ends, and scores within `routing_prefer_margin` of the best (counting that
-    step as ended); else the best qualified one; None when nobody qualifies."""
+    step as ended); else the best qualified one; None when nobody qualifies. Read-only: a crash here
+    sends and records nothing, and the caller's commit stays for the sweeper to wake."""
     s = get_settings()
     cands = candidates()
     qualified = [c for c in cands if c.qualified]

@@ -41,7 +41,9 @@ class ScanResult:
 
 
 def scan(resend: Resend, shared_queues: Iterable[str] = (), force: bool = False) -> ScanResult:
-    """One scan unless another process scanned within `routing_scan_ms` (or `force`)."""
+    """One scan unless another process scanned within `routing_scan_ms` (or `force`). A scanner that
+    dies mid-scan holds the lock one interval at most; the next scan redoes what is left (marks are
+    idempotent, a wake-up sent twice is a duplicate the lease drops)."""
     s = get_settings()
     out = ScanResult()
     if not force and not registry.try_scan_lock(process_token(), s.routing_scan_ms):
