@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Start Redis, MariaDB and PostgreSQL (the benchmark's DBOS peer) if they are not running, installing
-# them with apt-get where missing, and create the test database. Safe to run again.
+# them (and Chromium for the browser test) with apt-get where missing, and create the test database.
+# Safe to run again.
 set -euo pipefail
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 ls /etc/postgresql/*/main >/dev/null 2>&1 || need_apt+=(postgresql)
+# The dashboard's browser test drives Debian's Chromium through Selenium (browser downloads by
+# Playwright's installer do not work here).
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

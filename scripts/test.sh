@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/services.sh
+# The browser test runs, never skips: services.sh installed Chromium.
+export FENCED_REQUIRE_BROWSER=1
 exec .venv/bin/python -m pytest -q "$@"
