@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     routing_w_success: float = Field(0.2, ge=0, description="Score weight: step success rate")
     routing_prefer_margin: float = Field(0.05, ge=0, description="A continuation stays on its worker while "
                                          "that worker scores within this of the best")
+    routing_load_per_slot: bool = Field(False, description="Count runs in flight per worker slot (÷ concurrency) "
+                                         "in the load factor instead of in total")
     routing_window: int = Field(50, gt=0, description="Steps the average step time and success rate cover")
     routing_queue_warn: int = Field(200, gt=0, description="Queue length past which a warning goes to the feed")
     worker_labels: str = Field("", description="Comma-separated labels a worker registers with (shown only)")

@@ -100,7 +100,9 @@ def choose(prefer: str | None = None) -> Decision:
         pref = next((c for c in qualified if c.worker == prefer), None)
         # Its running count still holds the step that is sending this continuation.
         if pref is not None and pref.running - 1 + pref.queued < pref.concurrency:
-            own = pref.score - s.routing_w_load * (pref.load - 1.0 / max(1, pref.running + pref.queued))
+            ended = pref.running - 1 + pref.queued  # its load with the sending step ended
+            slots = pref.concurrency if s.routing_load_per_slot else 1
+            own = pref.score + s.routing_w_load * (1.0 / (1.0 + ended / slots) - pref.load)
             if own >= qualified[0].score - s.routing_prefer_margin:
                 return Decision(pref.worker, pref.queue, cands, prefer, kept_preferred=True)
     if not qualified:

@@ -19,7 +19,8 @@ class Candidate:
     score: float
     freshness: float  # exp(-age / heartbeat period): ~1 on a fresh beat, ~0.05 at 3 periods
     speed: float  # 1 / (1 + average step seconds); 1 before the worker has finished a step
-    load: float  # 1 / (1 + runs in flight), in flight = running + routed and not yet consumed
+    load: float  # 1 / (1 + runs in flight), in flight = running + routed and not yet consumed (÷ concurrency
+    # with FENCED_ROUTING_LOAD_PER_SLOT)
     success: float  # success rate over the last steps; 1 before the worker has finished a step
     age_ms: int
     avg_step_ms: float | None
@@ -48,7 +49,8 @@ def candidate(w: WorkerRecord, now_ms: int, s: Settings) -> Candidate:
     freshness = math.exp(-age / s.routing_heartbeat_ms)
     avg = w.avg_step_ms
     speed = 1.0 / (1.0 + avg / 1000.0) if avg is not None else 1.0
-    load = 1.0 / (1.0 + w.running + w.queued)
+    in_flight = w.running + w.queued
+    load = 1.0 / (1.0 + (in_flight / max(1, w.concurrency) if s.routing_load_per_slot else in_flight))
     rate = w.success_rate
     success = rate if rate is not None else 1.0
     total = (s.routing_w_fresh * freshness + s.routing_w_speed * speed + s.routing_w_load * load

@@ -46,6 +46,9 @@ def test_score_is_the_weighted_sum_of_its_four_factors(settings_env):
     stale = candidate(_record("w", age_ms=15_000), now, s)
     assert stale.freshness < 0.06, "near 0 at 15 s (3 heartbeat periods)"
     assert candidate(_record("w", running=0), now, s).score > candidate(_record("w", running=3), now, s).score
+    settings_env(routing_heartbeat_ms=5000, routing_load_per_slot=1)
+    per_slot = candidate(_record("w", running=1, queued=1, concurrency=4), now, get_settings())
+    assert per_slot.load == pytest.approx(1 / 1.5), "2 in flight on 4 slots"
 
 
 def test_threshold_status_and_own_queue_decide_who_qualifies(settings_env):
