@@ -307,7 +307,7 @@ class RawClient:
 
 
 def test_slow_consumer_is_dropped_with_a_close_code(apis):
-    api = apis(FENCED_LIVE_QUEUE_BYTES=str(64 * 1024), FENCED_LIVE_CLOSE_WAIT_S="60")
+    api = apis(FENCED_LIVE_QUEUE_BYTES=str(256 * 1024), FENCED_LIVE_CLOSE_WAIT_S="60")
     key = api_keys.issue("alice")
     run_id = submit_run("alice", "buy headphones")
     blob = "x" * 8_000
@@ -325,7 +325,7 @@ def test_slow_consumer_is_dropped_with_a_close_code(apis):
                     got_fast += json.loads(await fast.recv())["type"] == "event"
 
             reader = asyncio.ensure_future(keep_up())
-            # ~16 MB in bursts of 32 KB (half the queue bound: a client that reads keeps up), while
+            # ~16 MB in bursts of 32 KB (an eighth of the queue bound: a client that reads keeps up), while
             # `slow` reads nothing: the kernel's buffers fill, then its queue on the server.
             for i in range(500):
                 await asyncio.to_thread(events.append_many, run_id, 1,
