@@ -173,8 +173,11 @@ def list_runs(who: Who, state: RunState | None = None,
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=responses(404))
 def get_run(run_id: RunId, who: Who) -> RunOut:
-    """One of the caller's runs: state, step, epoch, answer, usage, charge, cards, and the question when waiting."""
-    return _view(run_id, who)
+    """One of the caller's runs: state, step, epoch, answer, usage, charge, cards, and the question when waiting.
+    An operator (admin key) may read any run, as on its live stream and dashboard page; acting on a run
+    (cancel, reply, confirm) stays its owner's."""
+    view = service.get_run(run_id, None if who.admin else who.user_id)
+    return run_out(view, shop_cards.cards_for(run_id))
 
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelOut, responses=responses(404))

@@ -265,6 +265,17 @@ def test_another_users_run_and_card_are_404_exactly_as_missing_ones(api: Api, re
     assert api.call("alice", "GET", f"/api/runs/{run_id}").json()["cards"][0]["card_id"] == card.card_id
 
 
+def test_an_operator_reads_any_run_but_acts_only_on_its_own(api: Api, redis_client):
+    c = _waiting("alice")
+    run_id = c.run.run_id
+    shown = api.call("ops", "GET", f"/api/runs/{run_id}")
+    assert shown.status_code == 200 and shown.json()["state"] == "waiting", "as on its stream and dashboard page"
+    before = footprint(redis_client)
+    assert api.call("ops", "POST", f"/api/runs/{run_id}/cancel").status_code == 404
+    assert api.call("ops", "POST", f"/api/runs/{run_id}/reply", json={"text": "Acme"}).status_code == 404
+    assert footprint(redis_client) == before, "an operator's read acts on nothing"
+
+
 def test_reply_answers_a_waiting_run_and_409s_otherwise(api: Api, redis_client):
     c = _waiting("alice")
     r = api.call("alice", "POST", f"/api/runs/{c.run.run_id}/reply", json={"text": "Acme"})
