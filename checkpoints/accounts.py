@@ -87,3 +87,41 @@ def release_txn(conn: Connection, user_id: str, credits_held: int, now_ms: int) 
     """Release one hold without a charge. False (nothing changed) if the account does not carry it."""
     return charge_txn(conn, user_id, credits_held, 0, now_ms)
 
+
+
+_HOLDERS_LOCKED = sa.select(_acc.user_id, _acc.balance_credits, _acc.held_credits).where(
+    _acc.user_id.in_(sa.bindparam("w_users", expanding=True))).with_for_update()
+_ADD_HELD = user_accounts.update().where(
+    _acc.user_id == sa.bindparam("w_user_id"), _acc.balance_credits - _acc.held_credits >= sa.bindparam("w_credits"),
+).values(held_credits=_acc.held_credits + sa.bindparam("w_credits"), updated_at_ms=sa.bindparam("v_updated_at_ms"))
+
+
+def hold_many_txn(conn: Connection, needs: list[tuple[str, int]], now_ms: int) -> list[int | None]:
+    """`hold_txn` for each (user_id, credits) in order, in a few statements: the users' accounts are
+    created if missing and locked, each hold is granted while the user's available credits cover it,
+    and one guarded UPDATE per user adds what was granted. Returns, per entry, None (held) or the
+    credits that were available when it was refused (nothing held for it). Inside the caller's
+    transaction: a rollback undoes every hold, a retried transaction starts afresh."""
+    users = sorted({u for u, _ in needs})
+    rows = {r.user_id: r for r in conn.execute(_HOLDERS_LOCKED, {"w_users": users}).all()}
+    missing = [u for u in users if u not in rows]
+    if missing:
+        for user_id in missing:
+            ensure_txn(conn, user_id, now_ms)
+        rows.update({r.user_id: r for r in conn.execute(_HOLDERS_LOCKED, {"w_users": missing}).all()})
+    available = {u: int(rows[u].balance_credits) - int(rows[u].held_credits) for u in users}
+    added = dict.fromkeys(users, 0)
+    out: list[int | None] = []
+    for user_id, credits in needs:
+        if credits <= available[user_id]:
+            available[user_id] -= credits
+            added[user_id] += credits
+            out.append(None)
+        else:
+            out.append(available[user_id])
+    for user_id, credits in added.items():
+        if credits and not conn.execute(_ADD_HELD, {"w_user_id": user_id, "w_credits": credits,
+                                                    "v_updated_at_ms": now_ms}).rowcount:
+            # The row is locked above: only a store without row locks gets here. Roll the batch back.
+            raise RuntimeError(f"account of {user_id!r} changed while its holds were being added")
+    return out

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from checkpoints import accounts, ledger
 from checkpoints.db import transaction
 from checkpoints.schema import run_holds
+from fenced_core.errors import InsufficientCredits
 from fenced_core.settings import get_settings
 
 _h = run_holds.c
@@ -147,3 +148,25 @@ def _account_txn(conn: Connection, run_id: str, epoch: int, actor: str, user_id:
         ledger.record_txn(conn, run_id, epoch, actor, "account_mismatch",
                           f"account of {user_id!r} does not carry this hold of {held} credits; left unchanged",
                           {"held": held, "charge": charge})
+
+
+_INSERT_HOLD = run_holds.insert()
+
+
+def create_holds_txn(conn: Connection, holds: list[tuple[str, str, str]], now_ms: int
+                     ) -> list[int | InsufficientCredits]:
+    """`create_hold_txn` for each (run_id, user_id, kind) in order, in a few statements: returns, per
+    entry, the credits held, or the InsufficientCredits refusal when the user's available credits did
+    not cover it (then nothing is held or recorded for that run). Inside the
+    caller's transaction, which also inserts the runs' rows: a rollback undoes every hold."""
+    credits = [hold_credits(kind) for _, _, kind in holds]
+    refused = accounts.hold_many_txn(conn, [(user_id, c) for (_, user_id, _), c in zip(holds, credits, strict=True)],
+                                     now_ms)
+    expires = now_ms + get_settings().hold_expiry_s * 1000
+    granted = [{"run_id": run_id, "user_id": user_id, "credits_held": c, "state": "held", "credits_charged": None,
+                "created_at_ms": now_ms, "expires_at_ms": expires}
+               for (run_id, user_id, _), c, r in zip(holds, credits, refused, strict=True) if r is None]
+    if granted:
+        conn.execute(_INSERT_HOLD, granted)
+    return [c if r is None else InsufficientCredits(user_id, c, r)
+            for (_, user_id, _), c, r in zip(holds, credits, refused, strict=True)]

@@ -20,8 +20,8 @@ from sqlalchemy.engine import Connection
 
 from checkpoints import billing, codec, ledger
 from checkpoints.db import db_retry, in_txn, transaction
-from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_steps
-from fenced_core.errors import FencedOut, InvalidRequest
+from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_ledger, run_steps
+from fenced_core.errors import FencedOut, InsufficientCredits, InvalidRequest
 
 # Every run-row state change there is (DESIGN "States"), each named by the operation that makes it. A
 # change not listed here is refused by change_state_txn before any SQL runs.
@@ -170,6 +170,58 @@ def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query
                       {"agent": agent, "agent_version": agent_version})
     return credits
 
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """One run of a batch submit, its id chosen before the transaction (so a retry finds it)."""
+
+    run_id: str
+    user_id: str
+    kind: str
+    query: str
+    agent: str
+    agent_version: str = ""
+
+
+_PEEK_RUNS = sa.select(*_PEEK_RUN.selected_columns).where(_rc.run_id.in_(sa.bindparam("w_run_ids", expanding=True)))
+_INSERT_RUN = run_checkpoints.insert()
+_INSERT_LEDGER = run_ledger.insert()
+
+
+def peek_runs_txn(conn: Connection, run_ids: list[str]) -> dict[str, Run]:
+    """peek_run_txn for many run ids in one statement: the ones that exist, by id."""
+    if not run_ids:
+        return {}
+    return {r["run_id"]: Run.from_row(r) for r in conn.execute(_PEEK_RUNS, {"w_run_ids": run_ids}).mappings().all()}
+
+
+def create_runs_txn(conn: Connection, new: list[NewRun], actor: str) -> list[int | InsufficientCredits | Run]:
+    """create_run_txn for a batch, in a fixed handful of statements: per run, the credits held (row,
+    hold and ledger entry inserted), the InsufficientCredits refusal (nothing written for it), or the
+    Run already stored under its id (nothing written for it: a retried transaction whose first commit
+    landed, or a concurrent submit of the same idempotency key; the caller compares the request)."""
+    for n in new:
+        validate_request(n.user_id, n.kind, n.query)
+    existing = peek_runs_txn(conn, [n.run_id for n in new])
+    fresh = [n for n in new if n.run_id not in existing]
+    now = now_ms()
+    held = dict(zip([n.run_id for n in fresh], billing.create_holds_txn(
+        conn, [(n.run_id, n.user_id, n.kind) for n in fresh], now) if fresh else [], strict=True))
+    created = [n for n in fresh if isinstance(held[n.run_id], int)]
+    if created:
+        conn.execute(_INSERT_RUN, [{
+            "run_id": n.run_id, "user_id": n.user_id, "kind": n.kind, "query": n.query, "agent": n.agent,
+            "agent_version": n.agent_version, "state": "queued", "epoch": 0, "owner": None, "step": 0,
+            "phase": "none", "checkpoint": None, "prompt_tokens": 0, "completion_tokens": 0, "model_calls": 0,
+            "last_event_id": "", "deliveries": 0, "total_deliveries": 0, "created_at_ms": now, "updated_at_ms": now,
+        } for n in created])
+        conn.execute(_INSERT_LEDGER, [{
+            "run_id": n.run_id, "at_ms": now, "epoch": 0, "actor": actor, "kind": "submitted",
+            "reason": f"{n.kind} run of {n.agent} submitted, {held[n.run_id]} credits held",
+            "detail": json.dumps({"agent": n.agent, "agent_version": n.agent_version}, sort_keys=True),
+        } for n in created])
+    return [existing[n.run_id] if n.run_id in existing else held[n.run_id] for n in new]
 
 @db_retry
 def get_run(run_id: str) -> Run | None:

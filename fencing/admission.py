@@ -80,16 +80,93 @@ def admit(run_id: str, user_id: str, queues: Sequence[str], client: redis.Redis 
                                f"retry in {RETRY_AFTER_UNAVAILABLE_S:g} s") from exc
     if ok:
         return Admission(run_id, user_id, waiting=int(count), user_runs=int(extra))
+    raise _refusal(run_id, user_id, str(limit), int(count), int(extra))
+
+
+def _refusal(run_id: str, user_id: str, limit: str, count: int, extra: int) -> AdmissionRefused:
+    s = get_settings()
     if limit == "user":
-        retry = max(min(RETRY_AFTER_USER_S, int(extra) / 1000), 0.1)  # extra: ms until the oldest slot is pruned
+        retry = max(min(RETRY_AFTER_USER_S, extra / 1000), 0.1)  # extra: ms until the oldest slot is pruned
         message = (f"admission refused: user {user_id!r} has {count} unfinished runs "
                    f"(limit max_runs_per_user={s.max_runs_per_user}); retry in {retry:g} s")
     else:
         retry = RETRY_AFTER_GLOBAL_S
         message = (f"admission refused: {count} runs are waiting to start "
                    f"(limit max_queued_runs={s.max_queued_runs}); retry in {retry:g} s")
-    log.info("admission_refused", run_id=run_id, user_id=user_id, limit=limit, count=int(count))
-    raise AdmissionRefused(str(limit), retry, message)
+    log.info("admission_refused", run_id=run_id, user_id=user_id, limit=limit, count=count)
+    return AdmissionRefused(limit, retry, message)
+
+
+def admit_many(items: Sequence[tuple[str, str]], queues: Sequence[str],
+               client: redis.Redis | None = None) -> list[Admission | AdmissionRefused]:
+    """`admit` for each (run_id, user_id), in order, in ONE round trip (admit.lua once per run,
+    pipelined): each run is admitted or refused on its own, atomically, and a refused one takes nothing.
+    A later item sees the slots the earlier ones took. Redis unreachable refuses every item
+    ("unavailable"); a crash mid-pipeline leaves slots that `reconcile_slots` frees (no row)."""
+    if not items:
+        return []
+    s = get_settings()
+    client = client or get_redis()
+    list_keys = [keys.broker_queue(q) for q in queues]
+    registered = scripts_for(client)
+    try:
+        outside = 0
+        if not shares_redis():
+            pipe = get_broker_redis().pipeline(transaction=False)
+            for key in list_keys:
+                pipe.llen(key)
+            outside, list_keys = sum(pipe.execute()), []
+        now = now_ms()
+
+        def build(pipe: redis.client.Pipeline) -> None:
+            for run_id, user_id in items:
+                registered.queue(pipe, scripts.admit(
+                    unsent_key=keys.ADMITTED_UNSENT, user_slots_key=keys.user_slots(user_id),
+                    slot_owners_key=SLOT_OWNERS, queue_keys=list_keys, run_id=run_id, now_ms=now,
+                    max_queued=s.max_queued_runs, max_per_user=s.max_runs_per_user,
+                    slot_ttl_ms=s.admission_ttl_s * 1000, unsent_ttl_ms=UNSENT_TTL_MS, outside_backlog=outside,
+                    user_id=user_id))
+
+        replies = registered.execute(client, build)
+    except redis.RedisError as exc:
+        refused = AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
+                                   f"admission refused: Redis is unreachable at {safe_url(s.redis_url)} or "
+                                   f"answered with an error ({exc}); nothing was written; retry in "
+                                   f"{RETRY_AFTER_UNAVAILABLE_S:g} s")
+        return [refused for _ in items]
+    out: list[Admission | AdmissionRefused] = []
+    for (run_id, user_id), (ok, limit, count, extra) in zip(items, replies, strict=True):
+        out.append(Admission(run_id, user_id, waiting=int(count), user_runs=int(extra)) if ok
+                   else _refusal(run_id, user_id, str(limit), int(count), int(extra)))
+    return out
+
+
+def mark_sent_many(run_ids: Sequence[str], client: redis.Redis | None = None) -> None:
+    """`mark_sent` for many runs in one round trip (never raises: entries are pruned after UNSENT_TTL_MS)."""
+    if not run_ids:
+        return
+    try:
+        (client or get_redis()).zrem(keys.ADMITTED_UNSENT, *run_ids)
+    except redis.RedisError as exc:
+        log.warning("admission_mark_sent_failed", runs=len(run_ids), error=repr(exc))
+
+
+def release_slots(slots: Sequence[tuple[str, str]], client: redis.Redis | None = None) -> int:
+    """`release_slot` for many (user_id, run_id) in one round trip; idempotent, never raises (the
+    sweeper's `reconcile_slots` frees what a lost release left). Returns how many slots were freed."""
+    if not slots:
+        return 0
+    try:
+        pipe = (client or get_redis()).pipeline(transaction=True)
+        for user_id, run_id in slots:
+            pipe.zrem(keys.user_slots(user_id), run_id)
+            pipe.zrem(keys.ADMITTED_UNSENT, run_id)
+            pipe.hdel(SLOT_OWNERS, run_id)
+        replies = pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("admission_release_failed", runs=len(slots), error=repr(exc))
+        return 0
+    return sum(int(r) for r in replies[0::3])
 
 
 def mark_sent(run_id: str, client: redis.Redis | None = None) -> None:

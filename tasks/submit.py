@@ -1,8 +1,10 @@
-"""submit_run: admission, then the run row and its billing hold in one transaction, then the first wake-up."""
+"""submit_run and submit_many: admission, then run rows and billing holds in one transaction, then first wake-ups."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 import structlog
@@ -10,8 +12,11 @@ from sqlalchemy.engine import Connection
 
 from checkpoints import billing, runs
 from checkpoints.db import in_txn, is_missing_schema, transaction
-from fenced_core.errors import FencedOut, InvalidRequest, StoreUnavailable
-from fencing import admission, events
+from fenced_core.errors import AdmissionRefused, FencedOut, InsufficientCredits, InvalidRequest, StoreUnavailable
+from fenced_core.settings import get_settings
+from fencing import admission, events, scripts
+from fencing.connection import get_redis
+from fencing.scripts import scripts_for
 from tasks import queues, wakeup
 
 log = structlog.get_logger("tasks.submit")
@@ -118,3 +123,188 @@ def _may_exist(run_id: str) -> bool:
             return runs.peek_run_txn(conn, run_id) is not None
     except Exception as exc:
         return not is_missing_schema(exc)  # no tables: no run
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """One run for submit_many: what submit_run takes (`input` is its query), as a value."""
+
+    user_id: str
+    input: str
+    kind: str = "normal"
+    idempotency_key: str | None = None
+    agent: str | None = None  # None: FENCED_DEFAULT_AGENT
+    agent_version: str = ""
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    """One request's outcome: the run id (created now, or earlier under the same idempotency key:
+    `deduplicated`), or the refusal (AdmissionRefused, InsufficientCredits or InvalidRequest, with its
+    message), and then nothing was written for that request."""
+
+    run_id: str | None
+    refused: AdmissionRefused | InvalidRequest | None = None
+    deduplicated: bool = False
+
+
+def submit_many(requests: Sequence[SubmitRequest]) -> list[SubmitOutcome]:
+    """Submit many runs in a few round trips; one outcome per request, in order.
+
+    Each request is all-or-nothing on its own, exactly as submit_run: an accepted one gets its row,
+    hold, ledger entry, admission slot, queued event and first wake-up; a refused one gets nothing
+    (no row, no hold, no slot, no message). One pipelined admission call for the batch, one database
+    transaction for every row, hold and ledger entry, one pipeline for the queued events, then the
+    wake-ups. The same idempotency key twice in a batch: the second is a retry of the first (its
+    outcome, `deduplicated`), or refused if its request differs.
+
+    A crash after the admission and before the commit leaves slots the sweeper frees (no row) and
+    unsent entries pruned after admission.UNSENT_TTL_MS; a crash after the commit and before the
+    wake-ups leaves queued runs the sweeper wakes. A store failure raises (StoreUnavailable) after
+    giving back the slots of runs that do not exist; a retry then with the same keys is safe."""
+    default_agent = get_settings().default_agent
+    out: list[SubmitOutcome | None] = [None] * len(requests)
+    pending: list[tuple[int, runs.NewRun]] = []
+    first_of_key: dict[str, int] = {}
+    repeats: list[tuple[int, int]] = []  # (request, earlier request with the same user and key)
+    for i, r in enumerate(requests):
+        agent = r.agent or default_agent
+        try:
+            _check(r, agent)
+        except InvalidRequest as exc:
+            out[i] = SubmitOutcome(None, exc)
+            continue
+        if r.idempotency_key is None:
+            run_id = runs.new_run_id()
+        else:
+            run_id = run_id_for_key(r.user_id, r.idempotency_key)
+            if run_id in first_of_key:
+                repeats.append((i, first_of_key[run_id]))
+                continue
+            first_of_key[run_id] = i
+        pending.append((i, runs.NewRun(run_id, r.user_id, r.kind, r.input, agent, r.agent_version)))
+    if first_of_key:  # keys used before: the run they made is the answer, and nothing is admitted for it
+        stored = in_txn(runs.peek_runs_txn, list(first_of_key))
+        keep = []
+        for i, n in pending:
+            if n.run_id in stored:
+                out[i] = _existing(stored[n.run_id], n)
+            else:
+                keep.append((i, n))
+        pending = keep
+    verdicts = admission.admit_many([(n.run_id, n.user_id) for _, n in pending], ADMISSION_QUEUES)
+    admitted = []
+    for (i, n), verdict in zip(pending, verdicts, strict=True):
+        if isinstance(verdict, AdmissionRefused):
+            out[i] = SubmitOutcome(None, verdict)
+        else:
+            admitted.append((i, n))
+    woken = _create(admitted, out)
+    _wake(woken)
+    for i, first in repeats:
+        a, b = requests[i], requests[first]
+        same = (a.input, a.kind, a.agent or default_agent) == (b.input, b.kind, b.agent or default_agent)
+        earlier = out[first]
+        assert earlier is not None
+        used = f"already used for run {earlier.run_id}" if earlier.run_id else "used twice in this batch"
+        out[i] = (SubmitOutcome(earlier.run_id, earlier.refused, deduplicated=True) if same else SubmitOutcome(
+            None, InvalidRequest(f"idempotency key {a.idempotency_key!r} {used} with a different query, kind or "
+                                 "agent; use a new key for a new request")))
+    return [o if o is not None else SubmitOutcome(None, InvalidRequest("not submitted")) for o in out]
+
+
+def _check(r: SubmitRequest, agent: str) -> None:
+    runs.validate_request(r.user_id, r.kind, r.input)
+    if len(agent) > 128 or len(r.agent_version) > 32:
+        raise InvalidRequest("agent must be at most 128 characters and agent_version at most 32")
+    if r.idempotency_key is not None and (not r.idempotency_key or len(r.idempotency_key) > 200):
+        raise InvalidRequest("idempotency_key must be 1 to 200 characters")
+
+
+def _existing(run: runs.Run, n: runs.NewRun) -> SubmitOutcome:
+    try:
+        _same_request(run, n.user_id, n.query, n.kind, n.agent)
+    except InvalidRequest as exc:
+        return SubmitOutcome(None, exc)
+    return SubmitOutcome(run.run_id, deduplicated=True)
+
+
+def _create(admitted: list[tuple[int, runs.NewRun]], out: list[SubmitOutcome | None]) -> list[runs.NewRun]:
+    """The one transaction for the admitted runs; fills their outcomes, gives back the slots of runs
+    refused in it, and returns the runs to wake."""
+    if not admitted:
+        return []
+    new = [n for _, n in admitted]
+    for tries_left in (2, 1, 0):
+        try:
+            results = in_txn(runs.create_runs_txn, new, "api")
+            break
+        except sa.exc.IntegrityError:
+            # A concurrent submit inserted a keyed run first: the next try finds it (a Run result).
+            if tries_left:
+                continue
+            _give_back(new)
+            raise
+        except BaseException:
+            _give_back(new)
+            raise
+    woken, release = [], []
+    for (i, n), result in zip(admitted, results, strict=True):
+        if isinstance(result, InsufficientCredits):
+            out[i] = SubmitOutcome(None, result)
+            release.append((n.user_id, n.run_id))
+        elif isinstance(result, runs.Run):
+            # Ours if its commit landed and the reply was lost, else a concurrent submit's: a second
+            # wake-up for it is harmless (the row decides what each copy does), a missing one is not.
+            out[i] = _existing(result, n)
+            if out[i].run_id is not None:  # type: ignore[union-attr]
+                woken.append(n)
+        else:
+            out[i] = SubmitOutcome(n.run_id)
+            woken.append(n)
+    admission.release_slots(release)
+    return woken
+
+
+def _give_back(new: list[runs.NewRun]) -> None:
+    """After a failed transaction: give back the slots of runs that surely do not exist. When that
+    cannot be told (the store is down), the slots stay; the sweeper frees slots of runs without a row."""
+    try:
+        with transaction(readonly=True) as conn:
+            found = runs.peek_runs_txn(conn, [n.run_id for n in new])
+    except Exception as exc:
+        if not is_missing_schema(exc):
+            return
+        found = {}
+    admission.release_slots([(n.user_id, n.run_id) for n in new if n.run_id not in found])
+
+
+def _wake(woken: list[runs.NewRun]) -> None:
+    """The queued events (one pipeline, best effort) and the first wake-ups of committed runs; a lost
+    send is the sweeper's to repeat."""
+    if not woken:
+        return
+    client = get_redis()
+    registered = scripts_for(client)
+    maxlen = get_settings().events_keep
+    credits = {n.run_id: billing.hold_credits(n.kind) for n in woken}
+
+    def build(pipe: object) -> None:
+        for n in woken:
+            ev = events.Event("run:queued", "run_queued", 0, 0, {"kind": n.kind, "credits_held": credits[n.run_id]})
+            registered.queue(pipe, scripts.append_event(n.run_id, epoch=0, maxlen=maxlen,  # type: ignore[arg-type]
+                                                        fields=ev.fields()))
+
+    try:
+        registered.execute(client, build)  # a None reply: a worker claimed the run first; its stream goes on
+    except Exception as exc:  # the stream is best effort; the row is the truth
+        log.warning("queued_events_failed", run_ids=[n.run_id for n in woken], epoch=0, error=repr(exc))
+    try:
+        for n in woken:
+            try:
+                wakeup.send(n.run_id, None, "submit", kind=n.kind)
+            except Exception as exc:  # committed is committed: the sweeper sends the wake-up
+                log.error("wakeup_send_failed", run_id=n.run_id, epoch=0, error=repr(exc))
+    finally:
+        admission.mark_sent_many([n.run_id for n in woken])
+    log.info("submitted_many", run_ids=[n.run_id for n in woken], epoch=0)
