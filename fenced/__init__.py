@@ -8,7 +8,8 @@
 - `once`, `ask_user`, `current_run`: effects once per run, questions to a person, the run being executed
   (tasks.context).
 - `install(app)`: put fenced into your own Celery app (tasks.install).
-- `submit_run`, `run_agent`, `result`, `wait`: the runtime's entry points (tasks).
+- `submit_run`, `submit_many` (`SubmitRequest` -> `SubmitOutcome`), `run_agent`, `result`, `wait`: the runtime's
+  entry points (tasks).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tasks.context import current as current_run
 from tasks.fenced_task import FencedTask, RunHandle, step
 from tasks.hooks import Hooks, add_hooks, remove_hooks
 from tasks.install import install
+from tasks.submit import SubmitOutcome, SubmitRequest, submit_many
 
 __all__ = [
     "AdmissionRefused",
@@ -50,6 +52,8 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "StoreUnavailable",
+    "SubmitOutcome",
+    "SubmitRequest",
     "TerminalError",
     "ToolContext",
     "TransientError",
@@ -63,6 +67,7 @@ __all__ = [
     "result",
     "run_agent",
     "step",
+    "submit_many",
     "submit_run",
     "tool",
     "wait",
