@@ -101,11 +101,14 @@ def _create_once_txn(conn: Connection, run_id: str, user_id: str, kind: str, que
                      agent_version: str) -> int:
     """create_run_txn, unless this run id exists already: a retry of a transaction whose commit landed
     (its reply lost). Returns the credits held."""
-    existing = runs.peek_run_txn(conn, run_id)
-    if existing is not None:
-        _same_request(existing, user_id, query, kind, agent)
-        return billing.hold_credits(existing.kind)
-    return runs.create_run_txn(conn, run_id, user_id, kind, query, "api", agent, agent_version)
+    # The batch form's prebuilt statements: the same rows as create_run_txn, less SQL built per call.
+    result = runs.create_runs_txn(conn, [runs.NewRun(run_id, user_id, kind, query, agent, agent_version)], "api")[0]
+    if isinstance(result, runs.Run):
+        _same_request(result, user_id, query, kind, agent)
+        return billing.hold_credits(result.kind)
+    if isinstance(result, InsufficientCredits):
+        raise result
+    return result
 
 
 def _same_request(run: runs.Run, user_id: str, query: str, kind: str, agent: str) -> None:
