@@ -196,14 +196,19 @@ def peek_runs_txn(conn: Connection, run_ids: list[str]) -> dict[str, Run]:
     return {r["run_id"]: Run.from_row(r) for r in conn.execute(_PEEK_RUNS, {"w_run_ids": run_ids}).mappings().all()}
 
 
-def create_runs_txn(conn: Connection, new: list[NewRun], actor: str) -> list[int | InsufficientCredits | Run]:
+def create_runs_txn(conn: Connection, new: list[NewRun], actor: str, *, peek: bool = True
+                    ) -> list[int | InsufficientCredits | Run]:
     """create_run_txn for a batch, in a fixed handful of statements: per run, the credits held (row,
     hold and ledger entry inserted), the InsufficientCredits refusal (nothing written for it), or the
     Run already stored under its id (nothing written for it: a retried transaction whose first commit
-    landed, or a concurrent submit of the same idempotency key; the caller compares the request)."""
+    landed, or a concurrent submit of the same idempotency key; the caller compares the request).
+
+    `peek=False` skips the look for stored ids (one round trip): only for a first attempt whose ids
+    cannot exist yet (fresh, or looked up just before); a stored one then fails the insert with an
+    IntegrityError (all rolled back), and the caller's next attempt must peek."""
     for n in new:
         validate_request(n.user_id, n.kind, n.query)
-    existing = peek_runs_txn(conn, [n.run_id for n in new])
+    existing = peek_runs_txn(conn, [n.run_id for n in new]) if peek else {}
     fresh = [n for n in new if n.run_id not in existing]
     now = now_ms()
     held = dict(zip([n.run_id for n in fresh], billing.create_holds_txn(

@@ -66,7 +66,13 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
         run_id = runs.new_run_id()
     admission.admit(run_id, user_id, ADMISSION_QUEUES)
     try:
-        credits = in_txn(_create_once_txn, run_id, user_id, kind, query, agent, agent_version)
+        attempts = [0]
+
+        def txn(conn: Connection) -> int:
+            attempts[0] += 1  # the first attempt's id is fresh or was looked up above: no peek needed
+            return _create_once_txn(conn, run_id, user_id, kind, query, agent, agent_version, peek=attempts[0] > 1)
+
+        credits = in_txn(txn)
     except sa.exc.IntegrityError:
         # A concurrent submit with the same key inserted the run first: that one is the run.
         existing = runs.peek_run(run_id)
@@ -98,11 +104,12 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
 
 
 def _create_once_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, agent: str,
-                     agent_version: str) -> int:
+                     agent_version: str, *, peek: bool = True) -> int:
     """create_run_txn, unless this run id exists already: a retry of a transaction whose commit landed
     (its reply lost). Returns the credits held."""
     # The batch form's prebuilt statements: the same rows as create_run_txn, less SQL built per call.
-    result = runs.create_runs_txn(conn, [runs.NewRun(run_id, user_id, kind, query, agent, agent_version)], "api")[0]
+    result = runs.create_runs_txn(conn, [runs.NewRun(run_id, user_id, kind, query, agent, agent_version)], "api",
+                                  peek=peek)[0]
     if isinstance(result, runs.Run):
         _same_request(result, user_id, query, kind, agent)
         return billing.hold_credits(result.kind)
@@ -238,9 +245,17 @@ def _create(admitted: list[tuple[int, runs.NewRun]], out: list[SubmitOutcome | N
     if not admitted:
         return []
     new = [n for _, n in admitted]
+    attempts = [0]
+
+    def txn(conn: Connection) -> list[int | InsufficientCredits | runs.Run]:
+        # A first attempt's ids cannot be stored yet (fresh, or keys looked up before admission); any
+        # later one (a lost commit reply, a concurrent submit of the same key) looks first.
+        attempts[0] += 1
+        return runs.create_runs_txn(conn, new, "api", peek=attempts[0] > 1)
+
     for tries_left in (2, 1, 0):
         try:
-            results = in_txn(runs.create_runs_txn, new, "api")
+            results = in_txn(txn)
             break
         except sa.exc.IntegrityError:
             # A concurrent submit inserted a keyed run first: the next try finds it (a Run result).

@@ -148,3 +148,17 @@ def test_a_failed_transaction_gives_the_slots_back(redis_client, settings_env, t
         submit_many([R("u1", "buy headphones"), R("u2", "buy a lamp")])
     assert slots(redis_client, "u1") == [] == slots(redis_client, "u2")
     assert redis_client.zcard(keys.ADMITTED_UNSENT) == 0 and queued_messages(redis_client) == 0
+
+
+def test_a_key_stored_between_the_lookup_and_the_insert_is_that_run(store, redis_client, settings_env):
+    """A concurrent submit of the same key commits after this batch looked the key up: the batch's
+    first insert fails whole (IntegrityError), the next attempt finds the run and answers with it."""
+    settings_env(max_runs_per_user=10)
+    other = submit_run("u1", "buy a lamp", idempotency_key="k")
+    out: list[submit_mod.SubmitOutcome | None] = [None, None]
+    woken = submit_mod._create([(0, runs.NewRun(other, "u1", "normal", "buy a lamp", "shopping")),
+                                (1, runs.NewRun(runs.new_run_id(), "u1", "normal", "buy a desk", "shopping"))], out)
+    assert out[0] == submit_mod.SubmitOutcome(other, deduplicated=True)
+    assert out[1] is not None and out[1].run_id is not None and not out[1].deduplicated
+    assert [n.run_id for n in woken] == [other, out[1].run_id], "a second wake-up for the stored run is harmless"
+    assert count(run_checkpoints) == count(run_holds) == 2 and accounts.get_account("u1").held_credits == 40
