@@ -1,8 +1,8 @@
 """Submission rate from one client: submit_run, submit_many (batches) and plain Celery's apply_async, same Redis.
 
 `python -m bench.submit [--runs 1000] [--batches 50,100] [--db-url URL] [--redis-url URL]`. Without
---redis-url a private redis-server is started on a free port (and stopped after); without --db-url the
-MariaDB database `fenced_bench_submit` on 127.0.0.1:3306 is created afresh. No workers run: every
+--redis-url a private redis-server is started on a free port (and stopped after); the MariaDB database
+of --db-url (default `fenced_bench_submit` on 127.0.0.1:3306) is DROPPED and created afresh. No workers run: every
 wake-up waits in its queue, which each phase counts (with the run rows) to prove it measured what it
 says; the queues are emptied between phases. Limits and balances are raised so nothing is refused.
 """
@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     db_url = a.db_url or DEFAULT_DB
     _prepare_env(redis_url, db_url)
     try:
-        if a.db_url is None:
-            _fresh_db(db_url)
+        _fresh_db(db_url)
         figures = run(a.runs, [int(b) for b in a.batches.split(",") if b])
     finally:
         if server is not None:

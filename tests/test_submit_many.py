@@ -162,3 +162,23 @@ def test_a_key_stored_between_the_lookup_and_the_insert_is_that_run(store, redis
     assert out[1] is not None and out[1].run_id is not None and not out[1].deduplicated
     assert [n.run_id for n in woken] == [other, out[1].run_id], "a second wake-up for the stored run is harmless"
     assert count(run_checkpoints) == count(run_holds) == 2 and accounts.get_account("u1").held_credits == 40
+
+
+def test_the_submit_benchmark_measures_what_it_says(tmp_path):
+    """A smoke run of `python -m bench.submit` (its own Redis and database): every phase left one
+    message per submit, and the fenced ones one run row per submit. Speed is not judged."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import MYSQL_URL, ROOT
+
+    out = tmp_path / "submit.json"
+    subprocess.run([sys.executable, "-m", "bench.submit", "--runs", "30", "--batches", "10",
+                    "--db-url", MYSQL_URL + "_bench", "--json", str(out)], cwd=ROOT, check=True, timeout=120)
+    figures = json.loads(out.read_text())
+    names = [p["name"] for p in figures["phases"]]
+    assert names == ["submit_run", "submit_many (batches of 10)", "plain Celery apply_async"]
+    assert all(p["messages_waiting"] == 30 and p["per_s"] > 0 for p in figures["phases"])
+    assert [p["run_rows"] for p in figures["phases"]] == [30, 30, None]
+    assert figures["target_per_s"] == 500 and isinstance(figures["met"], bool)
