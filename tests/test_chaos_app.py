@@ -19,8 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fenced(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fenced_cli", *args], cwd=ROOT, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=timeout)
+    # The support model takes 300 ms a step (its own setting; the demo stub's FENCED_STUB_STEP_MS is not
+    # its), so the kills and freezes find a step in flight.
+    return subprocess.run([sys.executable, "-m", "fenced_cli", *args], cwd=ROOT,
+                          env={**os.environ, "SUPPORT_STEP_MS": "300"}, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_kill_and_zombie_scenarios_pass_on_a_users_agent(mysql_store):

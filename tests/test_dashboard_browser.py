@@ -2,7 +2,8 @@
 
 It submits a run from the page, watches it live, SIGKILLs the worker holding it, and must see the
 takeover arrive on the page over the overview's WebSocket (text that exists only after the kill).
-Screenshots go to docs/dashboard-overview.png and docs/dashboard-takeover.png.
+Screenshots go to $FENCED_SCREENSHOTS (docs/ to refresh the committed ones), else to a temporary folder:
+a test run leaves the tree as it found it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from fencing import faults
 from tests.workers_fixture import wait_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
+SHOTS = Path(os.environ.get("FENCED_SCREENSHOTS") or tempfile.mkdtemp(prefix="fenced-shots-"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 XSS = '<img src=x onerror="window.__xss=1">'
@@ -221,10 +224,10 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
           lambda: worker_row(browser, victim.pid)[1].startswith("presumed dead")
           and worker_row(browser, victim.pid)[2] == "0", 20)
     show(browser, "#feed li.task_resumed")
-    browser.save_screenshot(str(ROOT / "docs" / "dashboard-overview.png"))
+    browser.save_screenshot(str(SHOTS / "dashboard-overview.png"))
     browser.switch_to.window(run_tab)
     show(browser, "#run-events li.task_resumed")
-    browser.save_screenshot(str(ROOT / "docs" / "dashboard-takeover.png"))
+    browser.save_screenshot(str(SHOTS / "dashboard-takeover.png"))
 
 
 def test_overview_needs_an_admin_key_and_a_run_page_is_the_callers(api, browser):
