@@ -17,7 +17,7 @@ from examples.shopping import cards as shop_cards
 from fenced_api.auth import Caller, caller
 from fenced_api.errors import ApiError, bad_field, not_found, responses
 from fenced_api.models import RUN_ID_PATTERN, RunOut, RunSummaryOut, check_text, run_out, summary_out
-from fenced_core.errors import InvalidRequest
+from fenced_core.errors import IdempotencyConflict, InvalidRequest
 from fenced_core.settings import get_settings
 from tasks import programs, service
 from tasks.submit import run_id_for_key, submit_run
@@ -147,10 +147,8 @@ def submit(body: SubmitBody, who: Who, response: Response,
     existed = key is not None and run_rows.peek_run(run_id_for_key(who.user_id, key)) is not None
     try:
         run_id = submit_run(who.user_id, body.input, body.kind, key, agent=agent, agent_version=program.version)
-    except InvalidRequest as exc:
-        if key is not None and "idempotency key" in str(exc):
-            raise ApiError(409, str(exc)) from None
-        raise
+    except IdempotencyConflict as exc:
+        raise ApiError(409, str(exc)) from None
     if existed:
         response.status_code = 200
     return _view(run_id, who)

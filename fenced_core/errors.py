@@ -19,6 +19,11 @@ class InvalidRequest(FencedError):
     """Bad input from a caller; nothing was written."""
 
 
+class IdempotencyConflict(InvalidRequest):
+    """An idempotency key already named another request (another input, kind or agent); nothing was
+    written. Use a new key for a new request."""
+
+
 class InsufficientCredits(InvalidRequest):
     """The user's available credits (balance - open holds) cannot cover the run's hold; nothing was written."""
 

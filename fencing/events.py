@@ -68,6 +68,21 @@ def append_many(run_id: str, epoch: int, items: list[tuple[str, str, int, dict[s
     return [str(i) for i in ids]
 
 
+def append_first_of_many(items: list[tuple[str, Event]], client: redis.Redis | None = None) -> None:
+    """Append one epoch-0 event to each of several runs' streams in one round trip (a batch submit's
+    `run_queued`). A run a worker claimed already refuses its append (the mirror is higher): skipped."""
+    client = client or get_redis()
+    registered = scripts_for(client)
+    maxlen = get_settings().events_keep
+
+    def build(pipe: object) -> None:
+        for run_id, ev in items:
+            registered.queue(pipe, scripts.append_event(run_id, epoch=0, maxlen=maxlen,  # type: ignore[arg-type]
+                                                        fields=ev.fields()))
+
+    registered.execute(client, build)
+
+
 def newest_eid(run_id: str, client: redis.Redis | None = None) -> str | None:
     """The `eid` of the run's newest event, or None if its stream is empty (or Redis lost it)."""
     newest: list[tuple[str, dict[str, str]]] = (client or get_redis()).xrevrange(  # type: ignore[assignment]

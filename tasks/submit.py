@@ -12,11 +12,16 @@ from sqlalchemy.engine import Connection
 
 from checkpoints import billing, runs
 from checkpoints.db import in_txn, is_missing_schema, transaction
-from fenced_core.errors import AdmissionRefused, FencedOut, InsufficientCredits, InvalidRequest, StoreUnavailable
+from fenced_core.errors import (
+    AdmissionRefused,
+    FencedOut,
+    IdempotencyConflict,
+    InsufficientCredits,
+    InvalidRequest,
+    StoreUnavailable,
+)
 from fenced_core.settings import get_settings
-from fencing import admission, events, scripts
-from fencing.connection import get_redis
-from fencing.scripts import scripts_for
+from fencing import admission, events
 from tasks import queues, wakeup
 
 log = structlog.get_logger("tasks.submit")
@@ -120,9 +125,8 @@ def _create_once_txn(conn: Connection, run_id: str, user_id: str, kind: str, que
 
 def _same_request(run: runs.Run, user_id: str, query: str, kind: str, agent: str) -> None:
     if (run.user_id, run.query, run.kind, run.agent) != (user_id, query, kind, agent):
-        raise InvalidRequest(f"idempotency key already used for run {run.run_id} with a different query, kind or "
-                             "agent; "
-                             "use a new key for a new request")
+        raise IdempotencyConflict(f"idempotency key already used for run {run.run_id} with a different query, kind "
+                                  "or agent; use a new key for a new request")
 
 
 def _may_exist(run_id: str) -> bool:
@@ -218,7 +222,7 @@ def submit_many(requests: Sequence[SubmitRequest]) -> list[SubmitOutcome]:
         assert earlier is not None
         used = f"already used for run {earlier.run_id}" if earlier.run_id else "used twice in this batch"
         out[i] = (SubmitOutcome(earlier.run_id, earlier.refused, deduplicated=True) if same else SubmitOutcome(
-            None, InvalidRequest(f"idempotency key {a.idempotency_key!r} {used} with a different query, kind or "
+            None, IdempotencyConflict(f"idempotency key {a.idempotency_key!r} {used} with a different query, kind or "
                                  "agent; use a new key for a new request")))
     return [o if o is not None else SubmitOutcome(None, InvalidRequest("not submitted")) for o in out]
 
@@ -302,19 +306,11 @@ def _wake(woken: list[runs.NewRun]) -> None:
     send is the sweeper's to repeat."""
     if not woken:
         return
-    client = get_redis()
-    registered = scripts_for(client)
-    maxlen = get_settings().events_keep
     credits = {n.run_id: billing.hold_credits(n.kind) for n in woken}
-
-    def build(pipe: object) -> None:
-        for n in woken:
-            ev = events.Event("run:queued", "run_queued", 0, 0, {"kind": n.kind, "credits_held": credits[n.run_id]})
-            registered.queue(pipe, scripts.append_event(n.run_id, epoch=0, maxlen=maxlen,  # type: ignore[arg-type]
-                                                        fields=ev.fields()))
-
+    queued = [(n.run_id, events.Event("run:queued", "run_queued", 0, 0,
+                                      {"kind": n.kind, "credits_held": credits[n.run_id]})) for n in woken]
     try:
-        registered.execute(client, build)  # a None reply: a worker claimed the run first; its stream goes on
+        events.append_first_of_many(queued)  # a None reply: a worker claimed the run first; its stream goes on
     except Exception as exc:  # the stream is best effort; the row is the truth
         log.warning("queued_events_failed", run_ids=[n.run_id for n in woken], epoch=0, error=repr(exc))
     try:
