@@ -15,7 +15,7 @@ from fencing import events, faults
 from fencing.connection import get_redis
 from harness.verdict import check_run
 from tests.apps.pipeline import checkout, fetch_order
-from tests.workers_fixture import wait_for, wait_terminal
+from tests.workers_fixture import wait_for, wait_terminal, wait_zombie_refused
 
 APPS = {"FENCED_IMPORTS": "examples.shopping,tests.apps.pipeline"}
 
@@ -87,10 +87,7 @@ def test_a_frozen_holder_is_fenced_out_of_its_effect(workers):
     finally:
         a.kill(signal.SIGCONT)
     assert run.state == "done"
-    a_tokens = {e.actor for e in ledger.history(handle.id) if e.kind in ("claimed", "takeover")
-                and e.actor.split(":")[1] == str(a.pid)}
-    wait_for(lambda: any(e.kind == "fence_rejected" and e.actor in a_tokens for e in ledger.history(handle.id)),
-             15, "the zombie's refused effect")
+    wait_zombie_refused(handle.id, a, "effect")
     time.sleep(0.5)
     assert counts("charges", handle.id) == {"performed": 1}, "the zombie woke inside the effect and charged nothing"
     v = check_run(handle.id)

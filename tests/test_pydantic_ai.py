@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from checkpoints import ledger, runs
+from checkpoints import runs
 from fencing import events, faults
 from fencing.connection import get_redis
 from harness.verdict import check_run
 from tasks.control import reply_to_run
 from tests.apps.pai_agent import charges_key, model_calls_key, pai_approve, pai_shop, pai_short
-from tests.workers_fixture import wait_for, wait_terminal
+from tests.workers_fixture import wait_for, wait_terminal, wait_zombie_refused
 
 IMPORTS = {"FENCED_IMPORTS": "examples.shopping,tests.apps.pai_agent"}
 
@@ -97,12 +97,7 @@ def test_a_frozen_holder_is_fenced_out(workers):
         wait_terminal([run_id], timeout=40)
     finally:
         a.kill(signal.SIGCONT)
-    a_tokens = {e.actor for e in ledger.history(run_id) if e.kind in ("claimed", "takeover")
-                and e.actor.split(":")[1] == str(a.pid)}
-    wait_for(lambda: any(e.kind == "fence_rejected" and e.actor in a_tokens for e in ledger.history(run_id)),
-             15, "the zombie's refused write")
-    done = [e for e in ledger.history(run_id) if e.kind == "done"]
-    assert len(done) == 1 and done[0].actor not in a_tokens, "the outcome is the new holder's"
+    wait_zombie_refused(run_id, a)
     assert_promise(run_id)
     assert model_calls(run_id) == {0: 1, 1: 1, 2: 1}
 

@@ -82,3 +82,17 @@ def workers(tmp_path: Path, mysql_store: str) -> Iterator[Pool]:
         run_ids = [r for (r,) in conn.execute(sa.select(run_checkpoints.c.run_id))]
     violations = check_history(run_ids)
     assert not violations, "history checker: " + "; ".join(str(v) for v in violations)
+
+
+def wait_zombie_refused(run_id: str, zombie: WorkerProcess, what: str = "write") -> set[str]:
+    """After a frozen holder (`zombie`) was woken: wait for its refused write in the ledger, check that
+    the run's outcome is another holder's, and return the zombie's lease tokens."""
+    from checkpoints import ledger
+
+    tokens = {e.actor for e in ledger.history(run_id) if e.kind in ("claimed", "takeover")
+              and e.actor.split(":")[1] == str(zombie.pid)}
+    wait_for(lambda: any(e.kind == "fence_rejected" and e.actor in tokens for e in ledger.history(run_id)),
+             15, f"the zombie's refused {what}")
+    done = [e for e in ledger.history(run_id) if e.kind == "done"]
+    assert len(done) == 1 and done[0].actor not in tokens, "the outcome is the new holder's"
+    return tokens
