@@ -208,16 +208,16 @@ def consumed_nothing(name: str, run_id: str, step: int | None) -> None:
     get_redis().zrem(pending(name), pending_member(run_id, step))
 
 
-def ended(name: str) -> None:
-    """A delivery ended on the worker: one fewer running (the next beat writes the true count anyway)."""
-    get_redis().hincrby(worker(name), "running", -1)
-
-
-def record_step(name: str, ms: float, ok: bool, window: int) -> None:
-    """Add one finished (ok) or failed step to the worker's last `window` steps."""
+def delivery_ended(name: str, step: tuple[float, bool] | None, window: int, *, running: bool) -> None:
+    """A delivery ended on the worker, in one round trip: the step it closed (ms, ok), if any, joins the
+    worker's last `window` steps; with `running`, one fewer running (the next beat writes the true count
+    anyway)."""
     pipe = get_redis().pipeline(transaction=False)
-    pipe.lpush(steps(name), f"{ms:.0f}:{1 if ok else 0}")
-    pipe.ltrim(steps(name), 0, window - 1)
+    if running:
+        pipe.hincrby(worker(name), "running", -1)
+    if step is not None:
+        pipe.lpush(steps(name), f"{step[0]:.0f}:{1 if step[1] else 0}")
+        pipe.ltrim(steps(name), 0, window - 1)
     pipe.execute()
 
 

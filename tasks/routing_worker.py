@@ -116,19 +116,27 @@ def _guard(what: str, fn: Callable[[], None]) -> None:
         log.warning(f"registry_{what}_failed", error=repr(exc))
 
 
+# The live running count and the queued entries matter only where wake-ups are routed: under `shared`
+# the heartbeat's true count is enough, and a delivery pays no registry round trip at its start.
 @signals.task_prerun.connect
 def _started(sender: Any = None, args: Any = None, **_: Any) -> None:
     node = policy.this_node()
-    if node and getattr(sender, "name", "") == RUN_TASK and args:
+    if node and getattr(sender, "name", "") == RUN_TASK and args and policy.reach():
         step = args[1] if len(args) > 1 else None
         _guard("consumed", lambda: registry.consumed(node, str(args[0]), step))
 
 
 @signals.task_postrun.connect
 def _ended(sender: Any = None, **_: Any) -> None:
+    """The delivery's step record (kept by StepStats on this thread) and, under `reach`, one fewer
+    running: one round trip at the end of a delivery, none when there is nothing to say."""
     node = policy.this_node()
-    if node and getattr(sender, "name", "") == RUN_TASK:
-        _guard("ended", lambda: registry.ended(node))
+    if not node or getattr(sender, "name", "") != RUN_TASK:
+        return
+    step = STATS.take()
+    running = policy.reach()
+    if step is not None or running:
+        _guard("ended", lambda: registry.delivery_ended(node, step, get_settings().routing_window, running=running))
 
 
 class StepStats(hooks.Hooks):
@@ -139,6 +147,13 @@ class StepStats(hooks.Hooks):
     def __init__(self) -> None:
         self._open: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
+        self._closed = threading.local()  # the step this thread's delivery closed, sent when it ends
+
+    def take(self) -> tuple[float, bool] | None:
+        """The (ms, ok) of the step this thread's delivery closed, once."""
+        step: tuple[float, bool] | None = getattr(self._closed, "step", None)
+        self._closed.step = None
+        return step
 
     def on_claim(self, run_id: str, epoch: int, step: int, agent: str) -> None:
         with self._lock:
@@ -150,9 +165,8 @@ class StepStats(hooks.Hooks):
     def _close(self, run_id: str, epoch: int, ok: bool) -> None:
         with self._lock:
             started = self._open.pop((run_id, epoch), None)
-        node = policy.this_node()
-        if started is not None and node:
-            registry.record_step(node, (time.monotonic() - started) * 1000, ok, get_settings().routing_window)
+        if started is not None and policy.this_node():
+            self._closed.step = ((time.monotonic() - started) * 1000, ok)
 
     def on_step_done(self, run_id: str, epoch: int, step: int, name: str) -> None:
         self._close(run_id, epoch, True)
@@ -167,4 +181,5 @@ class StepStats(hooks.Hooks):
         self._close(run_id, epoch, False)
 
 
-STATS = hooks.add_hooks(StepStats())
+STATS = StepStats()
+hooks.add_hooks(STATS)
