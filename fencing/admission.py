@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 import structlog
@@ -49,6 +50,28 @@ class Admission:
     user_runs: int  # the user's admitted, unfinished runs, this one included
 
 
+def _backlog_inputs(queues: Sequence[str]) -> tuple[list[str], int]:
+    """The broker queue keys admit.lua counts itself, or, when the broker is another Redis (which a
+    script cannot read), no keys and their lengths counted just before (a little less exact)."""
+    list_keys = [keys.broker_queue(q) for q in queues]
+    if shares_redis():
+        return list_keys, 0
+    pipe = get_broker_redis().pipeline(transaction=False)
+    for key in list_keys:
+        pipe.llen(key)
+    return [], sum(pipe.execute())
+
+
+def _admit_call(run_id: str, user_id: str, list_keys: list[str], outside: int, now: int) -> Any:
+    """admit.lua's call for one run, with the current limits."""
+    s = get_settings()
+    return scripts.admit(
+        unsent_key=keys.ADMITTED_UNSENT, user_slots_key=keys.user_slots(user_id), slot_owners_key=SLOT_OWNERS,
+        queue_keys=list_keys, run_id=run_id, now_ms=now, max_queued=s.max_queued_runs,
+        max_per_user=s.max_runs_per_user, slot_ttl_ms=s.admission_ttl_s * 1000, unsent_ttl_ms=UNSENT_TTL_MS,
+        outside_backlog=outside, user_id=user_id)
+
+
 def admit(run_id: str, user_id: str, queues: Sequence[str], client: redis.Redis | None = None) -> Admission:
     """Take a slot for `run_id` or raise AdmissionRefused (nothing taken). `queues`: where new runs wait.
 
@@ -56,20 +79,9 @@ def admit(run_id: str, user_id: str, queues: Sequence[str], client: redis.Redis 
     wake-up could not be sent either."""
     s = get_settings()
     client = client or get_redis()
-    list_keys = [keys.broker_queue(q) for q in queues]
     try:
-        outside = 0
-        if not shares_redis():
-            # Another Redis cannot be read inside the script: counted just before, a little less exact.
-            pipe = get_broker_redis().pipeline(transaction=False)
-            for key in list_keys:
-                pipe.llen(key)
-            outside, list_keys = sum(pipe.execute()), []
-        ok, limit, count, extra = scripts_for(client)(scripts.admit(
-            unsent_key=keys.ADMITTED_UNSENT, user_slots_key=keys.user_slots(user_id), slot_owners_key=SLOT_OWNERS,
-            queue_keys=list_keys, run_id=run_id, now_ms=now_ms(), max_queued=s.max_queued_runs,
-            max_per_user=s.max_runs_per_user, slot_ttl_ms=s.admission_ttl_s * 1000, unsent_ttl_ms=UNSENT_TTL_MS,
-            outside_backlog=outside, user_id=user_id))
+        list_keys, outside = _backlog_inputs(queues)
+        ok, limit, count, extra = scripts_for(client)(_admit_call(run_id, user_id, list_keys, outside, now_ms()))
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise AdmissionRefused("unavailable", RETRY_AFTER_UNAVAILABLE_S,
                                f"Redis is unreachable at {safe_url(s.redis_url)} ({exc}): the run was not "
@@ -107,25 +119,14 @@ def admit_many(items: Sequence[tuple[str, str]], queues: Sequence[str],
         return []
     s = get_settings()
     client = client or get_redis()
-    list_keys = [keys.broker_queue(q) for q in queues]
     registered = scripts_for(client)
     try:
-        outside = 0
-        if not shares_redis():
-            pipe = get_broker_redis().pipeline(transaction=False)
-            for key in list_keys:
-                pipe.llen(key)
-            outside, list_keys = sum(pipe.execute()), []
+        list_keys, outside = _backlog_inputs(queues)
         now = now_ms()
 
         def build(pipe: redis.client.Pipeline) -> None:
             for run_id, user_id in items:
-                registered.queue(pipe, scripts.admit(
-                    unsent_key=keys.ADMITTED_UNSENT, user_slots_key=keys.user_slots(user_id),
-                    slot_owners_key=SLOT_OWNERS, queue_keys=list_keys, run_id=run_id, now_ms=now,
-                    max_queued=s.max_queued_runs, max_per_user=s.max_runs_per_user,
-                    slot_ttl_ms=s.admission_ttl_s * 1000, unsent_ttl_ms=UNSENT_TTL_MS, outside_backlog=outside,
-                    user_id=user_id))
+                registered.queue(pipe, _admit_call(run_id, user_id, list_keys, outside, now))
 
         replies = registered.execute(client, build)
     except redis.RedisError as exc:
