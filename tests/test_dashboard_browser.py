@@ -108,6 +108,12 @@ def until(driver: Any, what: str, check: Callable[[], Any], timeout: float = 30)
         time.sleep(0.1)
 
 
+def read(driver: Any, selector: str) -> str:
+    """The text of the element at `selector`, read again when the page re-rendered it between find and read."""
+    return until(driver, f"the text of {selector}",
+                 lambda: driver.find_element(By.CSS_SELECTOR, selector).text or None, 10)
+
+
 def use_key(driver: Any, base: str, key: str, view: str = "#/") -> None:
     driver.get(base + "/dashboard" + view)
     driver.find_element(By.ID, "key-input").send_keys(key)
@@ -182,7 +188,7 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
     until(browser, "the run page following the live stream",
           lambda: browser.find_element(By.ID, "events-live").text == "live"
           and browser.find_elements(By.CSS_SELECTOR, "#run-events li.tool_result"))
-    assert browser.find_element(By.CSS_SELECTOR, '#run-facts dd[data-fact="epoch"]').text == "1"
+    assert read(browser, '#run-facts dd[data-fact="epoch"]') == "1"
     assert not browser.find_elements(By.CSS_SELECTOR, "#run-events li.task_resumed")
     run_tab = browser.current_window_handle
 
@@ -191,7 +197,7 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
     # Only a live page can show these: they exist in the stores only after the kill.
     until(browser, "task_resumed on the run page",
           lambda: browser.find_elements(By.CSS_SELECTOR, "#run-events li.task_resumed"), 40)
-    resumed = browser.find_element(By.CSS_SELECTOR, "#run-events li.task_resumed").text
+    resumed = read(browser, "#run-events li.task_resumed")
     assert "TAKEOVER: resumed by epoch 2 at step 0 from checkpoint 'decided'" in resumed, resumed
     [run] = wait_terminal([run_id], timeout=40)
     assert run.state == "done"
@@ -205,14 +211,15 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
     until(browser, "the ledger's takeover row", lambda: browser.find_elements(By.CSS_SELECTOR, "#ledger tr.takeover"))
     until(browser, "the explanation of the two workers",
           lambda: browser.find_elements(By.CSS_SELECTOR, '#explain div[data-topic="workers"] p'))
-    steps = browser.find_element(By.ID, "steps").text
+    steps = read(browser, "#steps")
     assert "decided" in steps and "done" in steps, steps
-    assert XSS in browser.find_element(By.CSS_SELECTOR, '#run-facts dd[data-fact="input"]').text
+    assert XSS in read(browser, '#run-facts dd[data-fact="input"]')
     assert browser.execute_script("return window.__xss === undefined")
 
     browser.switch_to.window(overview_tab)
     until(browser, "task_resumed in the overview's live feed", lambda: "task_resumed" in feed_types(browser, run_id))
-    resumed = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#feed li.task_resumed")]
+    resumed = until(browser, "the feed's task_resumed lines",
+                    lambda: [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#feed li.task_resumed")])
     assert any("TAKEOVER: resumed by epoch 2" in t for t in resumed), resumed
     until(browser, "the run done in the runs table",
           lambda: (r := run_row(browser, run_id)) and r["state"] == "done" and r["epoch"] == str(run.epoch), 20)
