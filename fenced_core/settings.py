@@ -14,6 +14,8 @@ from fenced_core.errors import ConfigError
 # The run stores fenced is tested on. PostgreSQL is not one of them (yet): refused, not half-supported.
 DB_SCHEMES = ("mysql+pymysql://", "sqlite:///")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+CLUSTER_SCHEME = "redis+cluster://"  # fenced's Redis on a Redis Cluster (fencing.cluster)
+SENTINEL_SCHEME = "redis+sentinel://"  # fenced's Redis through Sentinel (fencing.sentinel)
 
 
 class Settings(BaseSettings):
@@ -118,12 +120,34 @@ class Settings(BaseSettings):
             raise ValueError("accepted: mysql+pymysql://USER@HOST:PORT/DB (MySQL/MariaDB) or sqlite:///PATH")
         return url
 
-    @field_validator("redis_url", "broker_url")
+    @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, url: str) -> str:
-        if url and not url.startswith(REDIS_SCHEMES):
-            raise ValueError("accepted: redis://HOST:PORT/DB, rediss://… (TLS) or unix:///PATH")
+        if not url.startswith((*REDIS_SCHEMES, CLUSTER_SCHEME, SENTINEL_SCHEME)):
+            raise ValueError("accepted: redis://HOST:PORT/DB, rediss://… (TLS), unix:///PATH, "
+                             "redis+cluster://HOST:PORT[,HOST:PORT…] (Redis Cluster) or "
+                             "redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER_NAME/DB (Sentinel)")
         return url
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker_url(cls, url: str) -> str:
+        if url.startswith(CLUSTER_SCHEME):
+            raise ValueError("the Celery broker cannot be a Redis Cluster (kombu's Redis transport has no "
+                             "Cluster support): point FENCED_BROKER_URL at a plain Redis or at Sentinel "
+                             "(sentinel://HOST:PORT;sentinel://HOST:PORT…)")
+        if url and not url.startswith((*REDIS_SCHEMES, "sentinel://")):
+            raise ValueError("accepted: redis://HOST:PORT/DB, rediss://… (TLS), unix:///PATH or "
+                             "sentinel://HOST:PORT[;sentinel://HOST:PORT…] (Sentinel; name the master in "
+                             "FENCED_BROKER_MASTER_NAME)")
+        return url
+
+    @model_validator(mode="after")
+    def _check_broker_is_named(self) -> Settings:
+        if not self.broker_url and self.redis_url.startswith((CLUSTER_SCHEME, SENTINEL_SCHEME)):
+            raise ValueError("broker_url: FENCED_REDIS_URL names a Redis Cluster or Sentinel, which the Celery "
+                             "broker cannot share by URL: set FENCED_BROKER_URL (a plain redis:// or sentinel://)")
+        return self
 
     @model_validator(mode="after")
     def _check_ratio(self) -> Settings:

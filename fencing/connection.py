@@ -15,7 +15,7 @@ import redis
 from redis.client import Pipeline
 
 from fenced_core.errors import StoreUnavailable
-from fenced_core.settings import get_settings
+from fenced_core.settings import CLUSTER_SCHEME, SENTINEL_SCHEME, get_settings
 
 _lock = threading.RLock()
 CLIENT_NAME_PREFIX = "fenced:"  # CLIENT SETNAME fenced:<process token> on every pooled connection
@@ -77,9 +77,21 @@ class FencedRedis(redis.Redis):
         return FencedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
 
 
+
+
 def client_for(url: str, **options: Any) -> redis.Redis:
-    """A FencedRedis for `url` (decoded responses, 5 s socket timeouts unless `options` say otherwise)."""
+    """A client for `url` (decoded responses, 5 s socket timeouts unless `options` say otherwise):
+    a FencedRedis for redis://, rediss:// and unix://; the cluster and Sentinel schemes go to their
+    own modules, which return clients with the same error translation."""
     options = {"socket_timeout": 5, "socket_connect_timeout": 5, "decode_responses": True, **options}
+    if url.startswith(CLUSTER_SCHEME):
+        from fencing.cluster import cluster_client_for
+
+        return cluster_client_for(url, **options)
+    if url.startswith(SENTINEL_SCHEME):
+        from fencing.sentinel import sentinel_client_for
+
+        return sentinel_client_for(url, **options)
     return FencedRedis.from_url(url, **options)
 
 

@@ -1,0 +1,33 @@
+"""Settings refuse what cannot work, naming the field: a Cluster broker, a Cluster or Sentinel store
+with no broker of its own, a scheme nobody speaks."""
+
+import pytest
+from pydantic import ValidationError
+
+from fenced_core.settings import Settings
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+                                 "redis+sentinel://127.0.0.1:26379/fenced/0"])
+def test_a_cluster_or_sentinel_store_is_accepted_with_a_broker_of_its_own(url):
+    settings = Settings(redis_url=url, broker_url="redis://127.0.0.1:6379/0")
+    assert settings.redis_url == url
+    assert settings.effective_broker_url == "redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://127.0.0.1:7000", "redis+sentinel://127.0.0.1:26379/fenced/0"])
+def test_a_cluster_or_sentinel_store_needs_a_broker_url(url):
+    with pytest.raises(ValidationError, match="broker_url: FENCED_REDIS_URL names a Redis Cluster or Sentinel"):
+        Settings(redis_url=url, broker_url="")
+
+
+def test_the_broker_cannot_be_a_cluster():
+    with pytest.raises(ValidationError, match=r"broker_url\n.*kombu's Redis transport has no Cluster support"):
+        Settings(broker_url="redis+cluster://127.0.0.1:7000")
+
+
+def test_unknown_schemes_are_refused_naming_the_field():
+    with pytest.raises(ValidationError, match=r"redis_url\n.*accepted: redis://"):
+        Settings(redis_url="http://127.0.0.1:6379")
+    with pytest.raises(ValidationError, match=r"broker_url\n.*accepted: redis://"):
+        Settings(broker_url="amqp://127.0.0.1")
