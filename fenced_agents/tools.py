@@ -9,6 +9,7 @@ model can fix its own call in the next step (nothing is performed, nothing is ra
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from collections.abc import Callable
@@ -61,6 +62,7 @@ class FunctionTool:
         self.description, self.args_model, self.takes_ctx = _describe(fn, self.name)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        self._parameters: dict[str, Any] | None = None
 
     @property
     def read_only(self) -> bool:
@@ -74,9 +76,12 @@ class FunctionTool:
         return f"<{self.kind} {self.name}>"
 
     def spec(self) -> dict[str, Any]:
-        """What the model is shown: name, description and the JSON schema of the arguments."""
-        return {"name": self.name, "description": self.description,
-                "parameters": _untitled(self.args_model.model_json_schema())}
+        """What the model is shown: name, description and the JSON schema of the arguments (a fresh copy
+        each call; the schema is built once per tool, since pydantic takes about 0.2 ms to build it and
+        the agent loop asks for every tool's spec at every step)."""
+        if self._parameters is None:
+            self._parameters = _untitled(self.args_model.model_json_schema())
+        return {"name": self.name, "description": self.description, "parameters": copy.deepcopy(self._parameters)}
 
     def validate(self, args: dict[str, Any]) -> BaseModel:
         """The model's arguments as the function's types; InvalidArguments names every bad field."""
