@@ -103,8 +103,9 @@ def seed(n: int) -> list[str]:
         pipe = client.pipeline(transaction=False)
         for run_id in part:
             pipe.set(keys.lease(run_id), f"bench-host:1:feed/{run_id[:8]}", px=60_000)
-        pipe.zadd(keys.LEASE_INDEX, {keys.index_member(run_id, f"bench-host:1:feed/{run_id[:8]}"): now + 60_000
-                                     for run_id in part})
+        for run_id in part:
+            pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, f"bench-host:1:feed/{run_id[:8]}"):
+                                                 now + 60_000})
         pipe.execute()
         with transaction() as conn:
             conn.execute(sa.insert(run_checkpoints), [dict(
@@ -156,7 +157,11 @@ def measure(sizes: tuple[int, ...]) -> dict[str, Any]:
         rescued.append(run_id)
 
     def expire_some() -> None:
-        client.zadd(keys.LEASE_INDEX, {str(uuid.uuid4()): now_ms() - 1 for _ in range(EXPIRED_PER_TICK)})
+        pipe = client.pipeline(transaction=False)
+        for _ in range(EXPIRED_PER_TICK):
+            member = str(uuid.uuid4())
+            pipe.zadd(keys.lease_index(member), {member: now_ms() - 1})
+        pipe.execute()
 
     def dead_holder() -> None:
         """Five leases taken by a process that then died (as Lease.acquire records them)."""

@@ -87,12 +87,27 @@ def client_for(url: str, **options: Any) -> redis.Redis:
     if url.startswith(CLUSTER_SCHEME):
         from fencing.cluster import cluster_client_for
 
-        return cluster_client_for(url, **options)
+        # Not a redis.Redis subclass, but the same command API for everything fenced sends (keyed
+        # commands, scripts, non-transactional pipelines); fencing.cluster.is_cluster tells them apart.
+        return cluster_client_for(url, **options)  # type: ignore[return-value]
     if url.startswith(SENTINEL_SCHEME):
         from fencing.sentinel import sentinel_client_for
 
         return sentinel_client_for(url, **options)
     return FencedRedis.from_url(url, **options)
+
+
+def connected_names(client: redis.Redis) -> set[str]:
+    """The names of every client connection the store has now (CLIENT LIST). On a Redis Cluster, of
+    every node: a process's connections are spread over the nodes it talked to, so it is connected if
+    any node lists one (a dead process has none anywhere)."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        per_node: Any = client.client_list(target_nodes=RedisCluster.ALL_NODES)
+        lists = per_node.values() if isinstance(per_node, dict) else [per_node]
+        return {c.get("name", "") for found in lists for c in found}
+    return {c.get("name", "") for c in client.client_list()}
 
 
 def get_redis() -> redis.Redis:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +13,7 @@ import redis
 from fenced_core.errors import FencedOut
 from fenced_core.settings import get_settings
 from fencing import keys, scripts
+from fencing.cluster import is_cluster
 from fencing.connection import client_for, get_redis
 from fencing.scripts import scripts_for
 
@@ -178,37 +181,78 @@ def read_between(run_id: str, after: str, before: str, client: redis.Redis | Non
     return [_parse(sid, f) for sid, f in entries]
 
 
+# On a Redis Cluster one XREAD cannot name streams of different slots (every run has its own hash tag),
+# so a wait over many runs is a poll: one non-blocking XREAD per stream, pipelined (one round trip per
+# node, in parallel), every CLUSTER_POLL_MS until something came or the wait ends.
+CLUSTER_POLL_MS = 100
+
+
+def read_streams(client: redis.Redis, streams: dict[str, str], block_ms: int, count: int | None = None,
+                 woken: threading.Event | None = None) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
+    """XREAD over `streams` (key -> exclusive stream id), waiting up to `block_ms` for the first entry:
+    one blocking XREAD on one Redis; on a Redis Cluster a poll of per-stream XREADs (see CLUSTER_POLL_MS)
+    that `woken` (set by another thread) ends early. Returns XREAD's reply: [(key, entries)], [] if none."""
+    if not streams:
+        return []
+    if not is_cluster(client):
+        found: Any = client.xread(streams, count=count, block=block_ms)  # type: ignore[arg-type]
+        return list(found or [])
+    deadline = time.monotonic() + block_ms / 1000
+    names = list(streams)
+    while True:
+        pipe = client.pipeline(transaction=False)
+        for key in names:
+            pipe.xread({key: streams[key]}, count=count)
+        out = [(key, entries) for key, reply in zip(names, pipe.execute(), strict=True)
+               for _key, entries in (reply or [])]
+        left = deadline - time.monotonic()
+        if out or left <= 0 or (woken is not None and woken.is_set()):
+            return out
+        if woken is not None:
+            woken.wait(min(left, CLUSTER_POLL_MS / 1000))
+        else:
+            time.sleep(min(left, CLUSTER_POLL_MS / 1000))
+
+
 class StreamWaiter:
     """Waits on many runs' event streams at once (one XREAD BLOCK) on a Redis connection of its own.
 
     Only reads: a crash or a takeover of a run changes nothing here (a resumed run's events simply
     follow in its stream, with the task_resumed that supersedes the lost half-step). `wake()`, from any
-    thread, ends a wait early (CLIENT UNBLOCK), so a new run to watch is included at once. On Redis
-    Cluster one XREAD cannot span slots: this waiter is for a plain (or Sentinel) Redis."""
+    thread, ends a wait early (CLIENT UNBLOCK), so a new run to watch is included at once. On a Redis
+    Cluster one XREAD cannot span slots: the wait is a poll (`read_streams`), and `wake()` ends it at its
+    next poll."""
 
     def __init__(self, url: str | None = None, max_block_ms: int = 5_000) -> None:
         self.max_block_ms = max_block_ms
         self.client = client_for(url or get_settings().redis_url, single_connection_client=True,
                                  socket_timeout=max_block_ms / 1000 + 5)
         self._id: int | None = None
+        self._woken = threading.Event() if is_cluster(self.client) else None
 
     def read(self, positions: dict[str, str], block_ms: int) -> dict[str, list[Event]]:
         """Events appended to each run's stream after its position (a stream id; "0" = all), waiting up
         to `block_ms` for the first; {} when none came (or the wait was woken)."""
-        if self._id is None:
-            self._id = int(self.client.client_id())
         streams = {keys.events(run_id): pos or "0" for run_id, pos in positions.items()}
         by_key = {keys.events(run_id): run_id for run_id in positions}
-        got: list[tuple[str, list[tuple[str, dict[str, str]]]]] | None = self.client.xread(  # type: ignore[assignment]
-            streams, block=min(block_ms, self.max_block_ms))  # type: ignore[arg-type]
+        if self._woken is not None:
+            got = read_streams(self.client, streams, min(block_ms, self.max_block_ms), woken=self._woken)
+            self._woken.clear()
+        else:
+            if self._id is None:
+                self._id = int(self.client.client_id())
+            got = self.client.xread(  # type: ignore[assignment]
+                streams, block=min(block_ms, self.max_block_ms)) or []  # type: ignore[arg-type]
         out: dict[str, list[Event]] = {}
-        for key, entries in got or []:
+        for key, entries in got:
             out[by_key[key]] = [_parse(sid, f) for sid, f in entries]
         return out
 
     def wake(self, client: redis.Redis | None = None) -> None:
         """End the current wait now (it returns {}); a no-op when not waiting."""
-        if self._id is not None:
+        if self._woken is not None:
+            self._woken.set()
+        elif self._id is not None:
             (client or get_redis()).client_unblock(self._id)
 
     def close(self) -> None:

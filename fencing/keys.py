@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import zlib
+
 PREFIX = "fenced"
 
 # Global keys: no script touches two of them unless they share a hash tag.
-# ZSET "<holder>|<run_id>" -> lease deadline (ms); the reaper's index. One member per holder, so a
-# holder only ever removes or moves its own entry (a fenced-out holder cannot unwatch its successor).
-LEASE_INDEX = f"{PREFIX}:lease-deadlines"
+# The reaper's index: ZSET "<holder>|<run_id>" -> lease deadline (ms), one member per holder, so a holder
+# only ever removes or moves its own entry (a fenced-out holder cannot unwatch its successor). Sharded by
+# run id into LEASE_INDEX_SHARDS keys with hash tags of their own, so on a Redis Cluster every lease
+# take, renewal and release does not write one hot slot; every entry of a run is in its run's shard. The
+# reaper reads every shard per tick (one pipeline). The same on one Redis: one code path everywhere.
+LEASE_INDEX_SHARDS = 16
+
+
+def lease_index_shard(shard: int) -> str:
+    """The key of lease index shard `shard` (0 <= shard < LEASE_INDEX_SHARDS)."""
+    return f"{PREFIX}:{{lidx:{shard}}}:lease-deadlines"
+
+
+LEASE_INDEXES = tuple(lease_index_shard(k) for k in range(LEASE_INDEX_SHARDS))
+
+
+def lease_index(run_id: str) -> str:
+    """The lease index shard that holds `run_id`'s entries (CRC32 of the run id, mod the shard count)."""
+    return LEASE_INDEXES[zlib.crc32(run_id.encode()) % LEASE_INDEX_SHARDS]
+
 DEAD_LETTERS = f"{PREFIX}:dead-letters"  # STREAM of dead-lettered runs, capped
 SWEEPER_LOCK = f"{PREFIX}:sweeper-lock"  # one sweeper per interval across workers
 FAULTS = f"{PREFIX}:{{faults}}:armed"  # HASH point -> remaining hits (tests and chaos only)

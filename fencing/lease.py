@@ -60,6 +60,11 @@ class Lease:
         return self.token.split("/", 1)[0]
 
     @property
+    def index(self) -> str:
+        """The reaper's index shard this run's entries live in."""
+        return keys.lease_index(self.run_id)
+
+    @property
     def member(self) -> str:
         """This holder's entry in the reaper's index."""
         return keys.index_member(self.run_id, self.token)
@@ -73,10 +78,10 @@ class Lease:
         def build(pipe: redis.client.Pipeline) -> None:
             registered.queue(pipe, scripts.acquire(self.run_id, token=self.token, ttl_ms=self.ttl_ms, handoff=handoff))
             # Our own index entry: a refused acquire cannot move anyone else's deadline.
-            pipe.zadd(keys.LEASE_INDEX, {self.member: now_ms() + self.ttl_ms})
+            pipe.zadd(self.index, {self.member: now_ms() + self.ttl_ms})
             # A rescue's or a handoff's entry is done with once a delivery holds the run (a refused
             # acquire means another delivery does, and it removes them too).
-            pipe.zrem(keys.LEASE_INDEX, keys.index_member(self.run_id, keys.RESCUE_HOLDER),
+            pipe.zrem(self.index, keys.index_member(self.run_id, keys.RESCUE_HOLDER),
                       *([keys.index_member(self.run_id, handoff)] if handoff else []))
             register(pipe, [self.run_id], self.process)
 
@@ -85,7 +90,7 @@ class Lease:
             # Not ours after all: no index entry, and the process's set keeps to what it holds (a lease
             # this process does hold through another delivery is added back by the watchdog's renewal).
             pipe = client.pipeline(transaction=False)
-            pipe.zrem(keys.LEASE_INDEX, self.member)
+            pipe.zrem(self.index, self.member)
             pipe.srem(keys.held_by(self.process), self.run_id)
             pipe.execute()
         return taken
@@ -106,18 +111,18 @@ class Lease:
             registered.queue(pipe, scripts.release(self.run_id, token=self.token, handoff=value,
                                                    handoff_ttl_ms=self.ttl_ms))
             if value:
-                pipe.zadd(keys.LEASE_INDEX, {keys.index_member(self.run_id, value): now_ms() + self.ttl_ms})
+                pipe.zadd(self.index, {keys.index_member(self.run_id, value): now_ms() + self.ttl_ms})
             if watch_until_ms is None:
-                pipe.zrem(keys.LEASE_INDEX, self.member)
+                pipe.zrem(self.index, self.member)
             else:
-                pipe.zadd(keys.LEASE_INDEX, {self.member: watch_until_ms})
+                pipe.zadd(self.index, {self.member: watch_until_ms})
             pipe.srem(keys.held_by(self.process), self.run_id)
 
         return bool(registered.execute(client, build)[0])
 
     def unwatch(self, client: redis.Redis | None = None) -> None:
         """Remove this holder's index entry (its last write committed after an early release)."""
-        (client or get_redis()).zrem(keys.LEASE_INDEX, self.member)
+        (client or get_redis()).zrem(self.index, self.member)
 
 
 def drop(run_id: str, client: redis.Redis | None = None) -> None:
@@ -129,4 +134,4 @@ def drop(run_id: str, client: redis.Redis | None = None) -> None:
 def rescue_answered(run_id: str, client: redis.Redis | None = None) -> None:
     """A wake-up found the run with nothing to do (ended, waiting on a person): any rescue out for it is
     answered, so its index entry goes (else the reaper would rescue a finished run again and again)."""
-    (client or get_redis()).zrem(keys.LEASE_INDEX, keys.index_member(run_id, keys.RESCUE_HOLDER))
+    (client or get_redis()).zrem(keys.lease_index(run_id), keys.index_member(run_id, keys.RESCUE_HOLDER))

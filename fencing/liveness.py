@@ -15,7 +15,7 @@ import structlog
 
 from fenced_core.settings import get_settings
 from fencing import keys, scripts
-from fencing.connection import CLIENT_NAME_PREFIX, get_redis, process_token
+from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis, process_token
 from fencing.lease import now_ms
 from fencing.reaper import rescue
 from fencing.scripts import scripts_for
@@ -37,7 +37,7 @@ def check_connections(send: Send) -> list[str]:
     holders: list[str] = client.zrange(keys.PROCESSES, 0, -1)  # type: ignore[assignment]
     if not holders:
         return []
-    connected = {c.get("name", "") for c in client.client_list()}
+    connected = connected_names(client)
     pipe = client.pipeline(transaction=False)
     for token in holders:
         if CLIENT_NAME_PREFIX + token in connected:
@@ -74,7 +74,7 @@ def child_died(run_id: str, pid: int, send: Send) -> bool:
     released = scripts_for(client)(scripts.release_prefix(run_id, prefix=prefix))
     if not released:
         return False
-    client.zrem(keys.LEASE_INDEX, keys.index_member(run_id, released))
+    client.zrem(keys.lease_index(run_id), keys.index_member(run_id, released))
     return rescue(run_id, get_settings().lease_ttl_ms, f"pool child {pid} died running the step", send)
 
 
@@ -97,7 +97,7 @@ def _release_and_rescue(token: str, reason: str, send: Send) -> list[str]:
     for run_id in held:
         released = registered(scripts.release_prefix(run_id, prefix=prefix))
         if released:
-            client.zrem(keys.LEASE_INDEX, keys.index_member(run_id, released))
+            client.zrem(keys.lease_index(run_id), keys.index_member(run_id, released))
             if rescue(run_id, get_settings().lease_ttl_ms, reason, send):
                 rescued.append(run_id)
     return rescued

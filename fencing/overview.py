@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
 from fencing import keys
-from fencing.connection import CLIENT_NAME_PREFIX, get_redis
-from fencing.events import Event
+from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis
+from fencing.events import Event, read_streams
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def processes(client: redis.Redis | None = None, dead_window_ms: int = 600_000,
     pipe.zrangebyscore(keys.PRESUMED_DEAD, now - dead_window_ms, "+inf", withscores=True)
     pipe.hgetall(keys.RENEW_FAILURES)
     registered, dead, failures = pipe.execute()
-    connected = {c.get("name", "") for c in client.client_list()}
+    connected = connected_names(client)
     seen = {token: int(ms) for token, ms in registered}
     presumed = {token: int(ms) for token, ms in dead}
     tokens = sorted(set(seen) | set(presumed))
@@ -114,12 +113,12 @@ def recent(run_ids: list[str], per_run: int, client: redis.Redis | None = None) 
 def tail(positions: dict[str, str], block_ms: int, count: int = 500,
          client: redis.Redis | None = None) -> dict[str, list[Event]]:
     """Events appended after `positions` (run id -> stream id, exclusive), waiting up to `block_ms` for
-    the first one: one XREAD over every stream named. One Redis (not Cluster): the streams' hash tags
-    differ, so a Cluster would need one XREAD per slot."""
+    the first one: one XREAD over every stream named on one Redis; on a Redis Cluster, whose streams'
+    hash tags differ, a poll of one XREAD per stream (fencing.events.read_streams)."""
     if not positions:
         return {}
     streams = {keys.events(r): pos for r, pos in positions.items()}
-    found: Any = (client or get_redis()).xread(streams, count=count, block=block_ms) or []  # type: ignore[arg-type]
+    found = read_streams(client or get_redis(), streams, block_ms, count=count)
     out: dict[str, list[Event]] = {}
     for key, entries in found:
         run_id = key.split("{", 1)[1].rsplit("}", 1)[0]

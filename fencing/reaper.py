@@ -1,6 +1,8 @@
 """The reaper: finds leases past their deadline in the index and rescues their runs, once each.
 
-Cost per tick grows with the number of expired leases (one ZRANGEBYSCORE), not with runs in flight.
+Cost per tick grows with the number of expired leases, not with runs in flight: one ZRANGEBYSCORE per
+lease index shard (keys.LEASE_INDEX_SHARDS), all in one pipeline (on a Redis Cluster, one round trip
+per node, in parallel).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
     # a worker that froze holding it, or lost), the reaper finds this entry and rescues again. The
     # delivery that takes the lease removes it (Lease.acquire).
     pipe = client.pipeline(transaction=False)
-    pipe.zadd(keys.LEASE_INDEX, {keys.index_member(run_id, keys.RESCUE_HOLDER): now_ms() + grace_ms})
+    pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, keys.RESCUE_HOLDER): now_ms() + grace_ms})
     pipe.get(keys.epoch(run_id))
     mirror = pipe.execute()[1]
     log.warning("rescued", run_id=run_id, reason=reason)
@@ -47,7 +49,7 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
     registered = scripts_for(client)
     now = now_ms()
     rescued: list[str] = []
-    expired: list[str] = client.zrangebyscore(keys.LEASE_INDEX, "-inf", now, start=0, num=batch)  # type: ignore[assignment]
+    expired = expired_entries(client, now, batch)
     if not expired:
         return rescued
     # Each entry is one holder's. A deadline is computed by the client before the server sets the
@@ -72,7 +74,10 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
         else:
             stale.append(member)
     if live:
-        client.zadd(keys.LEASE_INDEX, live, gt=True)
+        pipe = client.pipeline(transaction=False)
+        for index, entries in _by_shard(live).items():
+            pipe.zadd(index, entries, gt=True)
+        pipe.execute()
     for member in expired:
         if member in live or not registered(scripts.pop_expired(member=member, now_ms=now)):
             continue  # still live, renewed meanwhile, or another reaper took it
@@ -84,3 +89,23 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
         if rescue(run_id, lease_ttl_ms, "lease expired without a handover", send):
             rescued.append(run_id)
     return rescued
+
+
+def expired_entries(client: object, now: int, batch: int) -> list[str]:
+    """Up to `batch` index entries whose deadline is at or before `now`, read from every shard in one
+    pipeline (the oldest `batch` of each shard, then the oldest `batch` of those)."""
+    pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
+    for index in keys.LEASE_INDEXES:
+        pipe.zrangebyscore(index, "-inf", now, start=0, num=batch, withscores=True)
+    found: list[tuple[str, float]] = [entry for shard in pipe.execute() for entry in shard]
+    if len(found) > batch:
+        found = sorted(found, key=lambda entry: entry[1])[:batch]
+    return [member for member, _deadline in found]
+
+
+def _by_shard(entries: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Index entries (member -> deadline) grouped by the shard each belongs in."""
+    out: dict[str, dict[str, int]] = {}
+    for member, deadline in entries.items():
+        out.setdefault(keys.lease_index(keys.index_run_id(member)), {})[member] = deadline
+    return out

@@ -58,8 +58,10 @@ class Scripts:
         return self._scripts[call.script](keys=list(call.keys), args=list(call.args), client=client)
 
     def queue(self, pipe: Pipeline, call: Call) -> None:
-        """Queue a script on a pipeline run by `execute` (EVALSHA, no per-execute SCRIPT EXISTS)."""
-        pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+        """Queue a script on a pipeline run by `execute` (EVALSHA, no per-execute SCRIPT EXISTS). Queued as a
+        raw command: a Redis Cluster pipeline refuses its `evalsha` method, yet routes an EVALSHA by its
+        keys (all in one slot: see fencing.keys) like any keyed command."""
+        pipe.execute_command("EVALSHA", self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
 
     def execute(self, client: redis.Redis, build: Callable[[Pipeline], None]) -> list[Any]:
         """Run what `build(pipe)` queues in ONE round trip and return the replies.
@@ -142,8 +144,9 @@ def rescue(run_id: str, *, grace_ms: int, rescuer: str) -> Call:
 
 
 def pop_expired(*, member: str, now_ms: int) -> Call:
-    """pop_expired.lua: remove `member` from the lease index if its deadline passed. Reply 1 removed, 0 not."""
-    return Call("pop_expired", (k.LEASE_INDEX,), (member, now_ms))
+    """pop_expired.lua: remove `member` from its run's lease index shard if its deadline passed. Reply 1
+    removed, 0 not."""
+    return Call("pop_expired", (k.lease_index(k.index_run_id(member)),), (member, now_ms))
 
 
 def fault_hit(*, point: str, hit: str) -> Call:

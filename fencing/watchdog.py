@@ -51,7 +51,8 @@ class Watchdog:
             self._leases.pop(lease.token, None)
 
     def renew_all(self) -> None:
-        """One round trip for every lease of the process: a renew script per lease and one ZADD."""
+        """One round trip for every lease of the process: a renew script per lease and one ZADD per lease
+        index shard its leases are in (on a Redis Cluster, one round trip per node, in parallel)."""
         now = time.monotonic()
         with self._lock:
             overdue = [lease for lease in self._leases.values()
@@ -71,12 +72,17 @@ class Watchdog:
             return
         client = get_redis()
         registered = scripts_for(client)
+        by_shard: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_shard.setdefault(lease.index, []).append(lease)
 
         def build(pipe: redis.client.Pipeline) -> None:
             for lease in leases:
                 registered.queue(pipe, scripts.renew(lease.run_id, token=lease.token, ttl_ms=lease.ttl_ms))
             deadline = now_ms()
-            pipe.zadd(keys.LEASE_INDEX, {lease.member: deadline + lease.ttl_ms for lease in leases}, gt=True)
+            for index, in_shard in by_shard.items():
+                entries = {lease.member: deadline + lease.ttl_ms for lease in in_shard}
+                pipe.zadd(index, entries, gt=True)
             pipe.zrem(keys.PRESUMED_DEAD, process_token())
             register(pipe, [lease.run_id for lease in leases])  # rebuilt after Redis lost it
             if self.renew_failures != self._reported_failures:
@@ -85,7 +91,7 @@ class Watchdog:
         results = registered.execute(client, build)
         self._reported_failures = self.renew_failures
         self.renewals += 1
-        if results[len(leases) + 1]:
+        if results[len(leases) + len(by_shard)]:
             # Presumed dead by fast takeover while alive: a false positive. Counted; epochs kept it safe.
             client.incr(keys.FALSE_POSITIVES)
             log.warning("fast_takeover_false_positive", token=process_token())

@@ -29,7 +29,7 @@ def new_run(query: str = "buy headphones", user: str = "user-1") -> runs.Run:
 
 
 def _index_members(client: Any, run_id: str) -> list[str]:
-    return [m for m in client.zrange(keys.LEASE_INDEX, 0, -1) if m.split("|")[-1] == run_id]
+    return [m for m in client.zrange(keys.lease_index(run_id), 0, -1) if m.split("|")[-1] == run_id]
 
 
 # -- 1. a hung step ---------------------------------------------------------------------------------
@@ -196,11 +196,11 @@ def test_a_refused_acquire_does_not_push_the_holders_deadline_out(redis_client):
     holder = Lease("r7b", 2000)
     assert holder.acquire(0)
     [member] = _index_members(redis_client, "r7b")
-    deadline = redis_client.zscore(keys.LEASE_INDEX, member)
+    deadline = redis_client.zscore(keys.lease_index("r7b"), member)
     later = Lease("r7b", 60_000)
     assert not later.acquire(0)
     assert _index_members(redis_client, "r7b") == [member], "the refused acquire leaves no entry"
-    assert redis_client.zscore(keys.LEASE_INDEX, member) == deadline, "the holder's deadline is unchanged"
+    assert redis_client.zscore(keys.lease_index("r7b"), member) == deadline, "the holder's deadline is unchanged"
 
 
 # -- 9. a retried park cannot overwrite a reply ------------------------------------------------------

@@ -20,7 +20,7 @@ def test_acquire_is_exclusive_and_release_is_compare_and_delete(redis_client):
     assert redis_client.get(keys.lease("r1")) == a.token
     assert a.release()
     assert redis_client.get(keys.lease("r1")) is None
-    assert [keys.index_run_id(m) for m in redis_client.zrange(keys.LEASE_INDEX, 0, -1)] == [], \
+    assert [keys.index_run_id(m) for m in redis_client.zrange(keys.lease_index("r1"), 0, -1)] == [], \
         "a released lease and a refused acquire leave no index entry"
     assert b.acquire(0)
 
@@ -105,11 +105,12 @@ def test_rescue_once_while_lease_gone(redis_client):
 def test_pop_expired_removes_only_past_deadlines_once(redis_client):
     scripts = scripts_for(redis_client)
     now = now_ms()
-    redis_client.zadd(keys.LEASE_INDEX, {"old": now - 10, "new": now + 10_000})
-    assert scripts("pop_expired", [keys.LEASE_INDEX], ["new", now]) == 0
-    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 1
-    assert scripts("pop_expired", [keys.LEASE_INDEX], ["old", now]) == 0
-    assert redis_client.zrange(keys.LEASE_INDEX, 0, -1) == ["new"]
+    index = keys.lease_index("old")
+    redis_client.zadd(index, {"old": now - 10, "new": now + 10_000})
+    assert scripts("pop_expired", [index], ["new", now]) == 0
+    assert scripts("pop_expired", [index], ["old", now]) == 1
+    assert scripts("pop_expired", [index], ["old", now]) == 0
+    assert redis_client.zrange(index, 0, -1) == ["new"]
 
 
 def test_a_lease_that_outlives_its_index_entry_stays_watched(redis_client):
@@ -120,10 +121,10 @@ def test_a_lease_that_outlives_its_index_entry_stays_watched(redis_client):
 
     now = now_ms()
     redis_client.set(keys.lease("late"), "holder", px=400)
-    redis_client.zadd(keys.LEASE_INDEX, {keys.index_member("late", "holder"): now - 1})
+    redis_client.zadd(keys.lease_index("late"), {keys.index_member("late", "holder"): now - 1})
     sent: list[str] = []
     assert reaper.reap(sent.append, 400) == [] and sent == []
-    deadline = redis_client.zscore(keys.LEASE_INDEX, keys.index_member("late", "holder"))
+    deadline = redis_client.zscore(keys.lease_index("late"), keys.index_member("late", "holder"))
     assert deadline is not None and deadline > now, "the entry must stay, at the lease's own expiry"
     time.sleep(0.45)
     assert reaper.reap(sent.append, 400) == ["late"] == sent
@@ -149,7 +150,7 @@ def test_watchdog_renews_in_one_batch_and_marks_lost_leases(redis_client):
     wd.renew_all()
     assert not a.lost and b.lost
     assert redis_client.pttl(keys.lease("w1")) > 0
-    assert redis_client.zscore(keys.LEASE_INDEX, a.member) > now_ms()
+    assert redis_client.zscore(keys.lease_index("w1"), a.member) > now_ms()
 
 
 def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client, monkeypatch):
