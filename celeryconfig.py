@@ -21,6 +21,11 @@ broker_url = _settings.effective_broker_url
 broker_connection_retry_on_startup = True
 # Consume queues in the listed order (BRPOP key order), not round robin: continuations come first.
 broker_transport_options = {"queue_order_strategy": "priority", "visibility_timeout": 3600}
+if broker_url.startswith("sentinel://"):
+    # kombu's Sentinel transport: the master its sentinels monitor (settings refuse a sentinel:// broker
+    # without one). Asking a sentinel that is down must not hold up finding the master (docs/redis-sentinel.md).
+    broker_transport_options["master_name"] = _settings.broker_master_name
+    broker_transport_options["sentinel_kwargs"] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 
 task_serializer = "json"
 result_serializer = "json"

@@ -15,8 +15,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import redis
-
+from fencing.connection import client_for
 from harness.workers import WorkerProcess
 
 
@@ -80,7 +79,7 @@ class RedisNode:
     """The broker and coordination store: chaos flushes it (Redis lost its data)."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+        self.client = client_for(url)  # a plain, Sentinel or Cluster URL alike
 
     def flush(self) -> None:
         self.client.flushall()

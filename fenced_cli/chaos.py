@@ -28,6 +28,7 @@ class Scenario(StrEnum):
     child_kill = "child-kill"
     redis_blip = "redis-blip"
     hang = "hang"
+    redis_failover = "redis-failover"
 
 
 @app.command()
@@ -49,9 +50,14 @@ def chaos(
                                                    "import it besides FENCED_IMPORTS).")] = None,
     agent: Annotated[str | None, typer.Option("--agent", help="With --app: the agent to submit runs to, when the "
                                               "module registers more than one.")] = None,
+    sentinel: Annotated[bool, typer.Option("--sentinel", help="Run through Redis Sentinel: start the local "
+                                           "deployment (scripts/redis-sentinel.sh) if needed and point fenced's Redis "
+                                           "and the broker at it; redis-failover runs only in this mode.")] = False,
 ) -> None:
     """Kill, freeze and wipe real workers and stores, then judge every run. Point it at a test deployment:
     `wipe` flushes the configured Redis and `db-restart` restarts the local MariaDB."""
+    if sentinel:
+        _use_sentinel()
     from chaos.harness import ChaosConfig
     from chaos.report import ScenarioResult, render
     from chaos.scenarios import SCENARIOS, run
@@ -66,6 +72,10 @@ def chaos(
                    as_json)
         return
     names = list(SCENARIOS) if Scenario.all in scenario else [s.value for s in scenario]
+    if not sentinel and SENTINEL_ONLY in names:
+        if Scenario.all not in scenario:
+            fail(f"{SENTINEL_ONLY} kills the Sentinel-managed primary: run it with --sentinel")
+        names.remove(SENTINEL_ONLY)
     if chosen:
         demo_only = [n for n in names if n in DEMO_ONLY]
         if Scenario.all not in scenario and demo_only:
@@ -79,6 +89,7 @@ def chaos(
                   console=err, transient=as_json) as bar:
         for name in names:
             total = {"kill": rounds, "zombie": min(rounds, 10), "child-kill": min(rounds, 10),
+                     "redis-failover": min(rounds, 10),
                      "hang": 2 * (min(rounds, 5) + 1)}.get(name)
             task = bar.add_task(name, total=total)
 
@@ -87,6 +98,7 @@ def chaos(
 
             kwargs = {"kill": {"rounds": rounds, "runs": runs}, "zombie": {"times": min(rounds, 10)},
                       "child-kill": {"times": min(rounds, 10)},
+                      "redis-failover": {"times": min(rounds, 10), "runs": runs},
                       "hang": {"times": min(rounds, 5)}}.get(name, {"runs": runs})
             result = run(name, cfg, progress=progress, **kwargs)
             results.append(result)
@@ -98,6 +110,20 @@ def chaos(
         render(results)
     raise typer.Exit(0 if all(r.ok or not r.runs for r in results) else 1)
 
+
+def _use_sentinel() -> None:
+    """Point this process and its workers at the local Sentinel deployment before anything reads the settings."""
+    from chaos.sentinel import use_local_sentinel
+
+    try:
+        env = use_local_sentinel()
+    except RuntimeError as exc:
+        fail(str(exc))
+    Console(stderr=True).print(f"[dim]through Sentinel: {env['FENCED_REDIS_URL']} (broker {env['FENCED_BROKER_URL']}, "
+                               f"master {env['FENCED_BROKER_MASTER_NAME']})[/]")
+
+
+SENTINEL_ONLY = "redis-failover"  # needs fenced's Redis and the broker behind Sentinel (--sentinel)
 
 # Scenarios that need the demo stub's test markers ([poison] kills its own worker): not for a user's agent.
 DEMO_ONLY = ("poison",)

@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     # Stores. Empty means "embedded": the demo starts a private redis-server and uses SQLite.
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Leases, epoch mirror, events, broker")
     broker_url: str = Field("", description="Celery broker; empty = same as redis_url")
+    broker_master_name: str = Field("", description="The master a sentinel:// broker's sentinels monitor "
+                                    "(kombu's master_name); required with a sentinel:// broker_url")
     db_url: str = Field("sqlite:///fenced.db", description="The run store (MySQL/MariaDB or SQLite)")
     sqlite_busy_timeout_ms: int = Field(
         5_000, gt=0, description="SQLite: how long one write waits for the database-wide write lock before it "
@@ -147,6 +149,13 @@ class Settings(BaseSettings):
         if not self.broker_url and self.redis_url.startswith((CLUSTER_SCHEME, SENTINEL_SCHEME)):
             raise ValueError("broker_url: FENCED_REDIS_URL names a Redis Cluster or Sentinel, which the Celery "
                              "broker cannot share by URL: set FENCED_BROKER_URL (a plain redis:// or sentinel://)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_sentinel_broker_is_named(self) -> Settings:
+        if self.broker_url.startswith("sentinel://") and not self.broker_master_name:
+            raise ValueError("broker_master_name: FENCED_BROKER_URL is sentinel://…: name the master its sentinels "
+                             "monitor in FENCED_BROKER_MASTER_NAME")
         return self
 
     @model_validator(mode="after")

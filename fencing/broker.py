@@ -9,6 +9,7 @@ import redis
 
 from fenced_core.settings import get_settings
 from fencing.connection import client_for, get_redis
+from fencing.sentinel import BROKER_SCHEME, client_for_target, parse_broker_url
 
 _lock = threading.Lock()
 _clients: dict[tuple[int, str], redis.Redis] = {}
@@ -29,5 +30,13 @@ def get_broker_redis() -> redis.Redis:
     with _lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = client_for(url)
+            client = _clients[key] = _client_for_broker(url)
         return client
+
+
+def _client_for_broker(url: str) -> redis.Redis:
+    """A plain broker URL is a Redis URL; kombu's sentinel:// list goes through Sentinel (fencing.sentinel)."""
+    if url.startswith(BROKER_SCHEME):
+        target = parse_broker_url(url, get_settings().broker_master_name)
+        return client_for_target(target, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+    return client_for(url)
