@@ -49,6 +49,9 @@ class Lease:
     # time.monotonic() past which the watchdog stops renewing: the step overran step_timeout_s
     renew_until: float | None = None
     timed_out: bool = False
+    # acquire() took the handoff the previous step left for this step (not a free lease): the row was
+    # at this step, handed over and committed, when the handoff was set (see tasks.delivery)
+    took_handoff: bool = False
 
     @property
     def key(self) -> str:
@@ -70,7 +73,8 @@ class Lease:
         return keys.index_member(self.run_id, self.token)
 
     def acquire(self, step: int | None, client: redis.Redis | None = None) -> bool:
-        """Take the lease if it is free, or if the previous step handed it over for `step`."""
+        """Take the lease if it is free, or if the previous step handed it over for `step`
+        (`took_handoff` then says so)."""
         client = client or get_redis()
         handoff = handoff_value(step) if step is not None else ""
         registered = scripts_for(client)
@@ -85,7 +89,9 @@ class Lease:
                       *([keys.index_member(self.run_id, handoff)] if handoff else []))
             register(pipe, [self.run_id], self.process)
 
-        taken = bool(registered.execute(client, build)[0])
+        reply = int(registered.execute(client, build)[0])
+        taken = reply > 0
+        self.took_handoff = reply == 2
         if not taken:
             # Not ours after all: no index entry, and the process's set keeps to what it holds (a lease
             # this process does hold through another delivery is added back by the watchdog's renewal).

@@ -107,7 +107,8 @@ class Call:
 
 # -- one wrapper per script (see each .lua header for the contract) -------------------------------------
 def acquire(run_id: str, *, token: str, ttl_ms: int, handoff: str) -> Call:
-    """acquire.lua: take the lease if free, or if it holds `handoff` ("" = none). Reply 1 taken, 0 not."""
+    """acquire.lua: take the lease if free, or if it holds `handoff` ("" = none). Reply 1 taken while free,
+    2 taken from the handoff, 0 not."""
     return Call("acquire", (k.lease(run_id), k.rescue(run_id)), (token, ttl_ms, handoff))
 
 

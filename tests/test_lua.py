@@ -53,7 +53,12 @@ def test_handoff_lets_only_the_next_steps_delivery_take_the_lease(redis_client):
     assert not Lease("r3", 2000).acquire(None)
     nxt = Lease("r3", 2000)
     assert nxt.acquire(1)
+    assert nxt.took_handoff, "taking the handoff says so (the delivery then skips its row read)"
     assert redis_client.get(keys.lease("r3")) == nxt.token
+    assert not a.took_handoff, "a lease taken while free is no handoff"
+    redis_client.delete(keys.lease("r3"))
+    free = Lease("r3", 2000)
+    assert free.acquire(1) and not free.took_handoff, "a free lease taken for a step is no handoff either"
 
 
 def test_epoch_mirror_never_goes_down(redis_client):

@@ -4,7 +4,7 @@
 -- ARGV[1] - holder token
 -- ARGV[2] - ttl in ms
 -- ARGV[3] - handoff value this delivery may take over ("" = none)
--- return 1 if taken, otherwise 0
+-- return 1 if taken while free, 2 if taken from the handoff, otherwise 0
 -- Taking the lease answers any rescue that was out for this run, so the marker goes: if this holder
 -- dies too, its own rescue must not wait for the old marker to expire.
 local lease_key = KEYS[1]
@@ -17,6 +17,9 @@ local current = redis.call('GET', lease_key)
 if current == false or (handoff ~= '' and current == handoff) then
     redis.call('SET', lease_key, token, 'PX', ttl_ms)
     redis.call('DEL', marker_key)
-    return 1
+    if current == false then
+        return 1
+    end
+    return 2
 end
 return 0
