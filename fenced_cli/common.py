@@ -75,6 +75,17 @@ def _require_store() -> None:
             fail(f"no run store at {path} (set FENCED_DB_URL, or run `fenced migrate` to create one)")
 
 
+def refuse_if_epochs_behind() -> None:
+    """Before a command that writes: exit 1 when the database's epochs are behind the Redis mirrors (it
+    lost commits; tasks.epoch_check). FENCED_EPOCH_CHECK_RUNS=0 skips it."""
+    from tasks.epoch_check import EpochsBehind, ensure_epochs_not_behind
+
+    try:
+        ensure_epochs_not_behind()
+    except EpochsBehind as exc:
+        fail(f"refusing to write: {exc}", code=1)
+
+
 def resolve_run(run_id: str) -> RunView:
     """The run with this id, or the only run whose id starts with it (tasks.service.resolve_id), as an
     operator sees it; exits 2 when there is none."""

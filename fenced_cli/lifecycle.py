@@ -8,7 +8,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fenced_cli.common import JsonOpt, RunArg, _clock, app, emit_json, fail, out, resolve_run
+from fenced_cli.common import (
+    JsonOpt,
+    RunArg,
+    _clock,
+    app,
+    emit_json,
+    fail,
+    out,
+    refuse_if_epochs_behind,
+    resolve_run,
+)
 
 dlq = typer.Typer(help="Dead-lettered runs: list, show, replay.", no_args_is_help=True)
 app.add_typer(dlq, name="dlq")
@@ -26,6 +36,7 @@ def reply(run_id: RunArg, text: Annotated[str, typer.Argument(help="The answer."
     from tasks import service
 
     run = resolve_run(run_id)
+    refuse_if_epochs_behind()
     try:
         answered = service.reply(run.run_id, text, user or "cli", user_id=user)
     except RunNotFound:  # the operator's lookup found it: it is another user's
@@ -45,6 +56,7 @@ def cancel(run_id: RunArg, user: OwnerOpt = None, as_json: JsonOpt = False) -> N
     from tasks import service
 
     run = resolve_run(run_id)
+    refuse_if_epochs_behind()
     try:
         result = service.cancel(run.run_id, user or "cli", user_id=user)
     except RunNotFound:  # the operator's lookup found it: it is another user's
@@ -110,6 +122,7 @@ def dlq_replay(run_id: RunArg, user: UserOpt = "cli") -> None:
     from tasks import service
 
     run = resolve_run(run_id)
+    refuse_if_epochs_behind()
     try:
         step = service.replay_dead_letter(run.run_id, user)
     except (InvalidRequest, AdmissionRefused) as exc:

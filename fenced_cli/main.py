@@ -26,6 +26,7 @@ from fenced_cli.common import (
     emit_json,
     fail,
     out,
+    refuse_if_epochs_behind,
     resolve_run,
     run_dict,
 )
@@ -58,6 +59,7 @@ def submit(
         from checkpoints.db import migrate
 
         migrate()  # the embedded store makes its own schema (idempotent); MySQL/MariaDB: `fenced migrate`
+    refuse_if_epochs_behind()
     try:
         run_id = submit_run(user, query, kind.value, idempotency_key=key)
     except (InvalidRequest, AdmissionRefused) as exc:

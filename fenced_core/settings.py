@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     dead_letter_keep: int = Field(1_000, gt=0, description="Entries kept in the dead-letter stream")
     events_keep: int = Field(10_000, gt=0, description="Entries kept per run event stream")
 
+    epoch_check_runs: int = Field(
+        10_000, ge=0, description="Start-up check: how many in-flight runs (most recently updated first) must not "
+        "have a database epoch behind their Redis epoch mirror; 0 = off (tasks.epoch_check)")
+
     # Steps and retries.
     step_timeout_s: int = Field(300, gt=0, description="Hard bound on one step")
     drain_s: int = Field(330, gt=0, description="Graceful drain on SIGTERM")

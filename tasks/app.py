@@ -86,10 +86,27 @@ def _on_worker_init(**_: Any) -> None:
 
     s = get_settings()
     migrate()
+    _refuse_if_epochs_behind()
     if s.lease_ttl_ms < 3 * s.heartbeat_ms:
         log.warning("lease_under_three_heartbeats", lease_ttl_ms=s.lease_ttl_ms, heartbeat_ms=s.heartbeat_ms)
     log.info("worker_init", lease_ttl_ms=s.lease_ttl_ms, heartbeat_ms=s.heartbeat_ms,
              reaper_tick_ms=s.reaper_tick_ms, sweeper_interval_ms=s.sweeper_interval_ms)
+
+
+def _refuse_if_epochs_behind() -> None:
+    """A database that lost commits (its epochs behind the Redis mirrors) stops the worker before it
+    consumes anything: SystemExit, which Celery's signal dispatch does not swallow (tasks.epoch_check)."""
+    from tasks.epoch_check import EpochsBehind, ensure_epochs_not_behind
+
+    try:
+        checked = ensure_epochs_not_behind()
+    except EpochsBehind as exc:
+        log.error("epochs_behind", runs=[b.run_id for b in exc.behind], checked=exc.checked)
+        raise SystemExit(f"fenced worker refuses to start: {exc}") from None
+    except Exception as exc:  # a store down at start-up: the worker rides it out like any outage
+        log.warning("epoch_check_skipped", error=repr(exc))
+        return
+    log.info("epoch_check_passed", runs_checked=checked)
 
 
 @signals.worker_shutting_down.connect

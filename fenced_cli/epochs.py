@@ -1,0 +1,33 @@
+"""`fenced check-epochs`: are the database's epochs behind the Redis mirrors (a database that lost commits)?"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from fenced_cli.common import JsonOpt, _require_store, app, emit_json
+
+
+@app.command("check-epochs")
+def check_epochs(
+    limit: Annotated[int | None, typer.Option(
+        "--runs", "-n", min=1, help="Check this many in-flight runs, most recently updated first "
+                                    "(default FENCED_EPOCH_CHECK_RUNS, 10,000).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare in-flight runs' database epochs with their Redis epoch mirrors; exit 1 if any is behind
+    (the database lost commits: see docs/operations.md, "After a database failover")."""
+    from fenced_core.settings import get_settings
+    from tasks.epoch_check import EpochsBehind, find_behind
+
+    _require_store()
+    n = limit if limit is not None else get_settings().epoch_check_runs or 10_000
+    behind, checked = find_behind(n)
+    if as_json:
+        emit_json({"checked": checked, "behind": [vars(b) for b in behind]})
+    elif behind:
+        typer.echo(f"error: {EpochsBehind(behind, checked)}", err=True)
+    else:
+        typer.echo(f"ok: {checked} in-flight runs checked, no database epoch behind its Redis mirror")
+    raise typer.Exit(1 if behind else 0)
