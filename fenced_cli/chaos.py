@@ -29,6 +29,7 @@ class Scenario(StrEnum):
     redis_blip = "redis-blip"
     hang = "hang"
     redis_failover = "redis-failover"
+    cluster_master_kill = "cluster-master-kill"
 
 
 @app.command()
@@ -53,11 +54,22 @@ def chaos(
     sentinel: Annotated[bool, typer.Option("--sentinel", help="Run through Redis Sentinel: start the local "
                                            "deployment (scripts/redis-sentinel.sh) if needed and point fenced's Redis "
                                            "and the broker at it; redis-failover runs only in this mode.")] = False,
+    cluster: Annotated[bool, typer.Option("--cluster", help="Run on a local Redis Cluster: start it "
+                                          "(scripts/redis-cluster.sh, ports --cluster-port..+5) if needed and point "
+                                          "fenced's Redis at it; the broker stays on FENCED_BROKER_URL or the plain "
+                                          "Redis configured (kombu has no Cluster transport); cluster-master-kill "
+                                          "runs only in this mode.")] = False,
+    cluster_port: Annotated[int, typer.Option(min=1, max=65530, help="With --cluster: the first of the six "
+                                              "nodes' ports.")] = 7000,
 ) -> None:
     """Kill, freeze and wipe real workers and stores, then judge every run. Point it at a test deployment:
     `wipe` flushes the configured Redis and `db-restart` restarts the local MariaDB."""
+    if sentinel and cluster:
+        fail("--sentinel and --cluster are two different Redis deployments: choose one")
     if sentinel:
         _use_sentinel()
+    if cluster:
+        _use_cluster(cluster_port)
     from chaos.harness import ChaosConfig
     from chaos.report import ScenarioResult, render
     from chaos.scenarios import SCENARIOS, run
@@ -76,6 +88,10 @@ def chaos(
         if Scenario.all not in scenario:
             fail(f"{SENTINEL_ONLY} kills the Sentinel-managed primary: run it with --sentinel")
         names.remove(SENTINEL_ONLY)
+    if not cluster and CLUSTER_ONLY in names:
+        if Scenario.all not in scenario:
+            fail(f"{CLUSTER_ONLY} kills a Redis Cluster master: run it with --cluster")
+        names.remove(CLUSTER_ONLY)
     if chosen:
         demo_only = [n for n in names if n in DEMO_ONLY]
         if Scenario.all not in scenario and demo_only:
@@ -89,7 +105,7 @@ def chaos(
                   console=err, transient=as_json) as bar:
         for name in names:
             total = {"kill": rounds, "zombie": min(rounds, 10), "child-kill": min(rounds, 10),
-                     "redis-failover": min(rounds, 10),
+                     "redis-failover": min(rounds, 10), "cluster-master-kill": min(rounds, 5),
                      "hang": 2 * (min(rounds, 5) + 1)}.get(name)
             task = bar.add_task(name, total=total)
 
@@ -99,6 +115,7 @@ def chaos(
             kwargs = {"kill": {"rounds": rounds, "runs": runs}, "zombie": {"times": min(rounds, 10)},
                       "child-kill": {"times": min(rounds, 10)},
                       "redis-failover": {"times": min(rounds, 10), "runs": runs},
+                      "cluster-master-kill": {"times": min(rounds, 5), "runs": runs},
                       "hang": {"times": min(rounds, 5)}}.get(name, {"runs": runs})
             result = run(name, cfg, progress=progress, **kwargs)
             results.append(result)
@@ -109,6 +126,21 @@ def chaos(
     else:
         render(results)
     raise typer.Exit(0 if all(r.ok or not r.runs for r in results) else 1)
+
+
+def _use_cluster(base_port: int) -> None:
+    """Point this process and its workers at the local Redis Cluster before anything reads the settings."""
+    from chaos.redis_cluster import use_local_cluster
+
+    try:
+        env = use_local_cluster(base_port)
+    except RuntimeError as exc:
+        fail(str(exc))
+    Console(stderr=True).print(f"[dim]on a Redis Cluster: {env['FENCED_REDIS_URL']} (broker "
+                               f"{env['FENCED_BROKER_URL']})[/]")
+
+
+CLUSTER_ONLY = "cluster-master-kill"  # kills a master of the local Redis Cluster (--cluster)
 
 
 def _use_sentinel() -> None:

@@ -1,0 +1,236 @@
+"""Chaos on a Redis Cluster: the local cluster of scripts/redis-cluster.sh, pointing this process (and the
+workers it starts, which inherit its environment) at it, and the `cluster-master-kill` scenario.
+
+`use_local_cluster()` must run before anything reads the settings or builds the Celery app (`fenced chaos
+--cluster` calls it first): fenced's Redis becomes `redis+cluster://…`; the broker stays on a plain Redis
+(FENCED_BROKER_URL, or the plain FENCED_REDIS_URL configured before), since kombu has no Cluster transport.
+
+cluster-master-kill: a worker stops itself (SIGSTOP) right before checkpoint A of a run; the cluster master
+holding that run's lease is SIGKILLed with every run in flight; its replica is promoted after
+cluster-node-timeout. The other worker takes the runs over, the frozen one is woken, and its write is
+refused by the epoch. Every run must finish once (judge), the promotion must happen, and the ledger must
+show the takeovers of the runs whose leases lived on the killed master and the stale holder's refusal.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+from chaos.harness import (
+    QUERIES,
+    ChaosConfig,
+    clear_faults,
+    control_charge,
+    judge,
+    owner_pid,
+    resumed_at_ms,
+    rows,
+    wait_for,
+    wait_terminal,
+)
+from chaos.report import ScenarioResult
+from chaos.scenarios import SCENARIOS, Progress, _cluster, _refused
+from checkpoints import ledger
+from checkpoints.schema import TERMINAL_STATES
+from fenced_core.settings import CLUSTER_SCHEME, get_settings
+from fencing import faults, keys
+from fencing.connection import get_redis
+from harness.workers import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "redis-cluster.sh"
+DEFAULT_PORT = 7000
+CLAIMS = ("claimed", "takeover")
+
+
+def local_url(base_port: int = DEFAULT_PORT) -> str:
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{base_port + i}" for i in range(3))
+
+
+def start_local(base_port: int = DEFAULT_PORT) -> None:
+    """Start the local cluster (or leave it running) and wait until cluster_state:ok."""
+    done = subprocess.run(["bash", str(SCRIPT), "start", str(base_port)], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode:
+        raise RuntimeError(f"scripts/redis-cluster.sh start {base_port} failed:\n{done.stdout}{done.stderr}")
+
+
+def use_local_cluster(base_port: int = DEFAULT_PORT) -> dict[str, str]:
+    """Start the local cluster and point this process's settings (and its future workers) at it. The broker
+    stays where it was: FENCED_BROKER_URL, else the plain Redis FENCED_REDIS_URL named so far."""
+    before = os.environ.get("FENCED_REDIS_URL", "redis://127.0.0.1:6379/0")
+    broker = os.environ.get("FENCED_BROKER_URL") or before
+    if broker.startswith(CLUSTER_SCHEME) or broker.startswith("redis+sentinel://"):
+        raise RuntimeError("--cluster needs a plain Redis for the Celery broker (kombu has no Cluster transport): "
+                           "set FENCED_BROKER_URL=redis://HOST:PORT/DB")
+    start_local(base_port)
+    env = {"FENCED_REDIS_URL": local_url(base_port), "FENCED_BROKER_URL": broker}
+    os.environ.update(env)
+    get_settings.cache_clear()
+    from fencing import connection
+
+    connection.reset()
+    return env
+
+
+def on_cluster() -> bool:
+    return get_settings().redis_url.startswith(CLUSTER_SCHEME)
+
+
+@dataclass(frozen=True)
+class Failover:
+    """One master kill: which node died, which replica took its slots, and how long that took."""
+
+    killed: str  # host:port
+    promoted: str | None
+    kill_ms: float
+    promoted_after_ms: float | None
+
+
+class ClusterNodes:
+    """The local cluster's redis-server processes (their pid files under /tmp, from redis-cluster.sh)."""
+
+    def pid_file(self, port: int) -> Path | None:
+        found = glob.glob(f"/tmp/fenced-redis-cluster-*/{port}/redis.pid")  # noqa: S108  (the script's data dirs)
+        return Path(found[0]) if found else None
+
+    def base_port(self, port: int) -> int | None:
+        pid_file = self.pid_file(port)
+        return int(pid_file.parent.parent.name.rsplit("-", 1)[1]) if pid_file else None
+
+    def master_of(self, key: str) -> str:
+        """host:port of the master serving `key` now."""
+        return str(get_redis().get_node_from_key(key).name)  # type: ignore[attr-defined]
+
+    def kill_master(self, name: str, timeout_s: float = 30) -> Failover:
+        """SIGKILL master `name` and wait until one of its replicas serves its slots as a master."""
+        import redis
+
+        port = int(name.rsplit(":", 1)[1])
+        pid_file = self.pid_file(port)
+        if pid_file is None:
+            raise RuntimeError(f"{name} is not a node of a local cluster started by scripts/redis-cluster.sh")
+        replicas = self._replicas_of(port)
+        kill_ms = time.time() * 1000
+        os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for replica in replicas:
+                try:
+                    client = redis.Redis(host="127.0.0.1", port=replica, socket_timeout=1, decode_responses=True)
+                    role = client.execute_command("ROLE")[0]
+                    info = client.cluster("INFO")
+                    ok = (info.get("cluster_state") if isinstance(info, dict) else "") == "ok"
+                    client.close()
+                except redis.RedisError:
+                    continue
+                if role == "master" and ok:
+                    return Failover(name, f"127.0.0.1:{replica}", kill_ms, time.time() * 1000 - kill_ms)
+            time.sleep(0.05)
+        return Failover(name, None, kill_ms, None)
+
+    def restart(self, name: str) -> None:
+        """Start the killed node again: it rejoins (from its nodes.conf) as a replica of the promoted one."""
+        base = self.base_port(int(name.rsplit(":", 1)[1]))
+        if base is not None:
+            start_local(base)
+
+    def _replicas_of(self, port: int) -> list[int]:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, decode_responses=True)
+        try:
+            lines = str(client.execute_command("CLUSTER", "NODES")).splitlines()
+        finally:
+            client.close()
+        me = next(line.split()[0] for line in lines if "myself" in line)
+        return [int(line.split()[1].split("@")[0].rsplit(":", 1)[1]) for line in lines if line.split()[3] == me]
+
+
+def cluster_master_kill(cfg: ChaosConfig, times: int = 1, runs: int = 8, progress: Progress = print) -> ScenarioResult:
+    """`times` rounds of: freeze a holder before checkpoint A, SIGKILL the master of its run's lease with
+    `runs` runs in flight, wait for the promotion, wake the frozen holder; see the module doc."""
+    result = ScenarioResult("cluster-master-kill", {"times": times, "runs": runs, "lease_ms": cfg.lease_ms})
+    nodes = ClusterNodes()
+    if not on_cluster():
+        result.notes.append("skipped: fenced's Redis is not a Redis Cluster (run `fenced chaos --cluster`)")
+        return result
+    # Steps long enough that the kill lands mid-step; enough slots that every run is in flight at once.
+    slow = replace(cfg, step_ms=max(cfg.step_ms, 800), concurrency=max(cfg.concurrency, runs // 2 + 1))
+    with _cluster(slow, faults_armed=True) as (cluster, submit):
+        cluster.start(2)
+        control = control_charge(submit, slow.timeout_s)
+        for i in range(times):
+            faults.arm("before_checkpoint_a", action="stop")
+            ids = [submit(f"master-kill-{i}-{n}", QUERIES[n % len(QUERIES)]) for n in range(runs)]
+            hit = faults.next_hit(60)
+            clear_faults()
+            frozen = cluster.node_of(hit[2]) if hit else None
+            if hit is None or frozen is None:
+                result.fail(ids[0], "did_nothing", "no worker stopped before checkpoint A: nothing was frozen")
+                judge(result, ids, control)
+                continue
+            stale_run = hit[1]
+            time.sleep(0.2)  # the SIGSTOP it sent itself lands
+            before = {r.run_id: r for r in rows(ids)}
+            in_flight = [r for r, row in before.items() if row.state not in TERMINAL_STATES]
+            victim = nodes.master_of(keys.lease(stale_run))
+            on_victim = [r for r in in_flight if nodes.master_of(keys.lease(r)) == victim]
+            failover = nodes.kill_master(victim)
+            progress(f"cluster-master-kill {i + 1}/{times}: master {victim} killed with {len(in_flight)} runs in "
+                     f"flight ({len(on_victim)} leases on it); promoted {failover.promoted or 'NONE'} after "
+                     f"{failover.promoted_after_ms or 0:.0f} ms")
+            if failover.promoted is None:
+                result.fail(stale_run, "failover", f"no replica of {victim} was promoted within 30 s")
+            else:
+                result.latency("master kill -> replica promoted", failover.promoted_after_ms or 0)
+            # Wake the frozen holder once another took its run over: its checkpoint A meets a newer epoch.
+            resumed = wait_for(partial(resumed_at_ms, stale_run, failover.kill_ms), slow.timeout_s)
+            mine = {e.actor for e in ledger.history(stale_run)
+                    if e.kind in CLAIMS and frozen.owns(owner_pid(e.actor) or -1)}
+            frozen.kill(signal.SIGCONT)
+            refused = wait_for(partial(_refused, stale_run, mine), 15, every_s=0.2)
+            nodes.restart(victim)
+            if not wait_terminal(ids, slow.timeout_s):
+                result.notes.append(f"round {i}: not every run ended within {slow.timeout_s:.0f} s")
+            judge(result, ids, control)
+            if resumed is None:
+                result.fail(stale_run, "stream", "the frozen holder's run was never resumed by another worker")
+            else:
+                result.latency("master kill -> frozen holder's run resumed", resumed - failover.kill_ms)
+            if not refused:
+                result.fail(stale_run, "zombie", "the frozen holder's write after the failover was not refused")
+            lost = _lost_with_failover(on_victim, failover.kill_ms)
+            result.notes.append(
+                f"round {i}: master {victim} killed, {failover.promoted} promoted after "
+                f"{failover.promoted_after_ms or 0:.0f} ms; {len(on_victim)} of {len(in_flight)} runs in flight had "
+                f"their lease on it; taken over after the kill (ledger): {len(lost)}"
+                + "".join(f"\n  {run_id}: {how}" for run_id, how in lost.items())
+                + f"\n  stale holder {sorted(mine)} of {stale_run}: "
+                + ("refused (fence_rejected in the ledger)" if refused else "NOT refused"))
+            if failover.promoted is not None and refused and in_flight:
+                result.acted += 1
+    return result
+
+
+def _lost_with_failover(run_ids: list[str], kill_ms: float) -> dict[str, str]:
+    """Runs whose lease lived on the killed master and that another holder claimed after the kill: what the
+    ledger says about each (the takeover's reason, and any fence rejection)."""
+    out: dict[str, str] = {}
+    for run_id in run_ids:
+        after = [e for e in ledger.history(run_id) if e.at_ms >= kill_ms]
+        takeovers = [e for e in after if e.kind == "takeover"]
+        if takeovers:
+            rejected = [e for e in after if e.kind == "fence_rejected"]
+            out[run_id] = (f"takeover at epoch {takeovers[0].epoch}: {takeovers[0].reason}"
+                           + (f"; {len(rejected)} stale write(s) refused" if rejected else ""))
+    return out
+
+
+SCENARIOS["cluster-master-kill"] = cluster_master_kill
