@@ -6,6 +6,8 @@ set -euo pipefail
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+# Debian's Sentinel (scripts/redis-sentinel.sh starts its own on private ports for tests/test_sentinel.py).
+command -v redis-sentinel >/dev/null || need_apt+=(redis-sentinel)
 command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 ls /etc/postgresql/*/main >/dev/null 2>&1 || need_apt+=(postgresql)
 # The dashboard's browser test drives Debian's Chromium through Selenium (browser downloads by
@@ -15,6 +17,9 @@ command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  # Where the package's own service started (no policy-rc.d forbidding it), stop it: a sentinel on 26379
+  # watching the shared 6379 is nobody's.
+  if [[ " ${need_apt[*]} " == *" redis-sentinel "* ]]; then service redis-sentinel stop >/dev/null 2>&1 || true; fi
 fi
 
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
