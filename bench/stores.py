@@ -23,8 +23,10 @@ class BenchStores:
     """Started on enter, removed on exit; `use(db)` points this process (and workers) at one store."""
 
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fenced-bench-")))
-    mysql_db: str = "fenced_bench"
-    pg_db: str = "fenced_bench_dbos"
+    # FENCED_BENCH_DB / FENCED_BENCH_PG_DB: other database names, so two benchmark runs on one server
+    # (helpers measuring side by side) never drop each other's database
+    mysql_db: str = field(default_factory=lambda: os.environ.get("FENCED_BENCH_DB", "fenced_bench"))
+    pg_db: str = field(default_factory=lambda: os.environ.get("FENCED_BENCH_PG_DB", "fenced_bench_dbos"))
     redis: Any = None
     redis_url: str = ""
 
