@@ -127,9 +127,18 @@ def _is_master(addr: tuple[str, int]) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def pid_alive(pid: int, settle_s: float = 5.0) -> bool:
+    """Is `pid` still running? A killed daemon lingers as a zombie until its adoptive parent reaps it: a
+    zombie is dead. Waits up to `settle_s` for a process being killed to go."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return False
+        if state in ("Z", "X"):
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
