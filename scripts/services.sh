@@ -22,6 +22,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [[ " ${need_apt[*]} " == *" redis-sentinel "* ]]; then service redis-sentinel stop >/dev/null 2>&1 || true; fi
 fi
 
+# tests/test_docker.py validates docker/compose.yml with Debian's docker-compose (1.29, needs no Docker
+# engine for `config`); its recommended docker.io engine is not wanted here.
+if ! command -v docker-compose >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+fi
+
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "starting redis-server"
   mkdir -p /var/lib/redis /var/log/redis

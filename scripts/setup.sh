@@ -7,4 +7,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test,bench,pydantic-ai]"
+# The runtime dependencies at the versions docker/requirements.txt pins (docker/lock.py): the tests run on
+# what the image installs.
+.venv/bin/python -m pip install -q -c docker/requirements.txt -e ".[test,bench,pydantic-ai]"
