@@ -52,5 +52,7 @@ imports = tuple(m.strip() for m in _settings.imports.split(",") if m.strip())
 task_queues = [Queue(name, routing_key=name) for name in queues.ALL]
 task_default_queue = queues.NORMAL
 task_create_missing_queues = False
-worker_send_task_events = True
-task_send_sent_event = True
+# Task events feed Flower's live task view: three publishes per delivery from the worker and one per send.
+# FENCED_TASK_EVENTS=0 turns them off (a high-concurrency worker spends them on every step; see README).
+worker_send_task_events = _settings.task_events
+task_send_sent_event = _settings.task_events

@@ -2,7 +2,9 @@
 
 Sections (all by default): throughput (plain Celery, fenced on MariaDB and SQLite, DBOS), breakdown
 (where a fenced step's time goes), checkpoint (size per step), growth (detection cost at 100 / 1k / 10k
-runs in flight), takeover (kill -> task_resumed at a 30 s and a 3 s lease). The stores are private or
+runs in flight), takeover (kill -> task_resumed at a 30 s and a 3 s lease), longrun (50-step runs: step cost and
+checkpoint bytes at steps 5, 20 and 50), inflight (1,000 runs with a 2 s model call on 2 workers: steps/s against
+the ideal, step-to-step gap, memory per run, takeover under that load). The stores are private or
 fresh: a redis-server of our own, the MariaDB database `fenced_bench` and the PostgreSQL database
 `fenced_bench_dbos` (both dropped and created), a SQLite file in a temporary directory.
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("throughput", "breakdown", "checkpoint", "growth", "takeover")
+SECTIONS = ("throughput", "breakdown", "checkpoint", "growth", "takeover", "longrun", "inflight")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -34,6 +36,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="the second throughput pass: stub model latency per step (0 = skip that pass)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--inflight-runs", type=int, help="inflight: runs kept in flight (default 1000, smoke 40)")
+    p.add_argument("--inflight-concurrency", type=int, help="inflight: worker concurrency (default 500, smoke 20)")
+    p.add_argument("--inflight-pool", default="threads", help="inflight: the workers' pool (threads, gevent)")
     p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (it needs PostgreSQL and `dbos`)")
     p.add_argument("--results", type=Path, help="where the JSON goes (default bench/results)")
     p.add_argument("--docs", type=Path, help="where benchmarks.md and .png go (default docs; smoke: --results)")
@@ -104,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
                 result["growth"] = growth.measure(sizes)
         if "takeover" in args.only:
             result["takeover"] = _takeover(args, stores, say)
+        if "longrun" in args.only:
+            stores.flush_redis()
+            with using(stores.redis_url, mariadb, **LIMITS):
+                from bench import longrun
+
+                say("longrun: 50-step runs driven in this process")
+                result["longrun"] = longrun.measure(2 if args.smoke else 6, longrun.STEPS)
+        if "inflight" in args.only:
+            result["inflight"] = _inflight(args, stores, say)
     result["elapsed_s"] = time.monotonic() - started
     _write(result, args)
     say(f"done in {result['elapsed_s']:.0f} s")
@@ -132,6 +146,31 @@ def _throughput(args: argparse.Namespace, stores: Any, say: Any, step_ms: int = 
     return out
 
 
+# Admission and billing limits lifted for the long and in-flight runs (thousands of runs for a few users).
+LIMITS = {"FENCED_MAX_QUEUED_RUNS": "10000000", "FENCED_MAX_RUNS_PER_USER": "10000000",
+          "FENCED_DEFAULT_BALANCE_CREDITS": "1000000000000"}
+
+
+def _inflight(args: argparse.Namespace, stores: Any, say: Any) -> dict[str, Any]:
+    from bench import inflight
+    from bench.stores import using
+
+    if args.smoke:
+        p = inflight.Params(runs=args.inflight_runs or 40, concurrency=args.inflight_concurrency or 20,
+                            pool=args.inflight_pool, model_ms=500, steps=8, window_s=2.0, log_dir=stores.base)
+    else:
+        p = inflight.Params(runs=args.inflight_runs or 1000, concurrency=args.inflight_concurrency or 500,
+                            pool=args.inflight_pool, log_dir=stores.base)
+    stores.flush_redis()
+    with using(stores.redis_url, stores.urls["mariadb"], **LIMITS, FENCED_IMPORTS=inflight.IMPORTS):
+        say(f"inflight: {p.runs} runs of {p.steps} steps, model {p.model_ms} ms, {p.workers} workers x {p.pool} "
+            f"{p.concurrency}")
+        r = inflight.measure(p)
+        w = r["window"]
+        say(f"  {w['steps_per_s']} steps/s of {w['ideal_steps_per_s']} ideal, gap p95 {w['gap_ms']['p95']} ms")
+        return r
+
+
 def _takeover(args: argparse.Namespace, stores: Any, say: Any) -> list[dict[str, Any]]:
     from bench import takeover
     from bench.stores import using
@@ -153,6 +192,8 @@ def _healthy(r: dict[str, Any]) -> bool:
     """Every run the benchmark started finished and passed its checks (speed is not judged here)."""
     ok = all(c["done"] == c["runs"] and not c["failed_checks"]
              for c in r.get("throughput", []) + r.get("throughput_model", []))
+    inflight = r.get("inflight")
+    ok = ok and (inflight is None or inflight["runs_passed"] == inflight["params"]["runs"])
     return ok and all(t["ok"] for t in r.get("takeover", []))
 
 

@@ -29,6 +29,12 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         if fenced and dbos:
             ratio = fenced["runs_per_s"] / dbos["runs_per_s"]
             out.append((f"fenced ({store}) throughput >= DBOS", f"{ratio:.2f} x DBOS", ratio >= 1))
+    for store, b in r.get("breakdown", {}).items():
+        if "cpu_ms_per_step" in b:
+            trips = (f" ({b['sql_round_trips_per_step']:g} SQL + {b['redis_round_trips_per_step']:g} Redis round "
+                     "trips per step)") if "sql_round_trips_per_step" in b else ""
+            out.append((f"fenced ({store}) client CPU per step <= 1.5 ms (in-process deliveries)",
+                        f"{b['cpu_ms_per_step']:.2f} ms{trips}", b["cpu_ms_per_step"] <= 1.5))
     tm = {c["name"]: c for c in r.get("throughput_model", [])}
     if tm.get("plain Celery") and tm.get("fenced on mariadb"):
         ratio = tm["fenced on mariadb"]["runs_per_s"] / tm["plain Celery"]["runs_per_s"]
@@ -39,6 +45,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
             mode = "fast takeover" if t["fast_takeover"] else "lease only"
             out.append((f"takeover p95 <= lease + 2 s ({t['lease_ms'] / 1000:g} s lease, {mode})",
                         f"{t['p95'] / 1000:.2f} s", t["p95"] <= t["target_p95_ms"]))
+    lr = r.get("longrun")
+    if lr:
+        ratio = lr["ratio_last_to_first"]
+        out.append((f"{lr['steps']}-step runs: step 50 writes and costs <= {lr['target_ratio']} x step 5 (flat)",
+                    f"bytes written {ratio['written_bytes']} x, CPU {ratio['cpu_ms']} x", lr["met"]))
+    for t in r.get("inflight", {}).get("targets", []):
+        out.append((f"in flight ({r['inflight']['params']['runs']:,} runs, {r['inflight']['params']['pool']}): "
+                    f"{t['target']}", t["measured"], t["met"]))
     rows = r.get("growth", {}).get("rows", [])
     if len(rows) >= 2:
         first, last = rows[0]["reaper, none expired"], rows[-1]["reaper, none expired"]
@@ -110,6 +124,12 @@ def markdown(r: dict[str, Any]) -> str:
             lines += [f"CPU of the delivering process per step, untimed: {cpu}; plain Celery: "
                       f"{plain['cpu_ms_per_step']} ms. Top functions by own time under cProfile: "
                       "`bench/results/profile-<store>.txt`.", ""]
+            if all("sql_round_trips_per_step" in bd[s] for s in stores):
+                trips = ", ".join(f"{s}: {bd[s]['sql_round_trips_per_step']:g} SQL and "
+                                  f"{bd[s]['redis_round_trips_per_step']:g} Redis" for s in stores)
+                lines += [f"Round trips per step, counted over {bd[stores[0]]['counted_steps']} steps (queries sent, "
+                          f"a multi-statement query once; Redis commands or pipelines, the continuation's send "
+                          f"and the benchmark's own queue cleanup included): {trips}.", ""]
     if r.get("takeover"):
         lines += ["## Takeover latency", "", "SIGKILL of a whole worker to `task_resumed` of each run it held "
                   "(chaos kill scenario, 2 workers, 6 runs per round, kills at four moments).", "",
@@ -146,7 +166,60 @@ def markdown(r: dict[str, Any]) -> str:
                   "| step | phase | stored bytes (zlib) | JSON bytes |", "|---|---|---|---|"]
         lines += [f"| {x['step']} | {x['phase']} | {x['stored_bytes']:,} | {x['json_bytes']:,} |" for x in c["rows"]]
         lines.append("")
+    if r.get("longrun"):
+        lines += longrun_section(r["longrun"])
+    if r.get("inflight"):
+        lines += inflight_section(r["inflight"])
     return "\n".join(lines)
+
+
+def longrun_section(lr: dict[str, Any]) -> list[str]:
+    lines = ["## Long runs: checkpoint growth", "",
+             f"{lr['runs']} runs of {lr['steps']} steps of the `bench_steps` agent (one 0 ms model call and one "
+             "read-only tool returning ~0.4 KB per step), every delivery driven in the benchmark process. "
+             "Each figure: median over the runs and the step either side. Bytes written: every blob the "
+             "step's SQL statements carried (run row and run_steps rows, checkpoints A and B).", "",
+             "| step | wall ms | CPU ms | checkpoint bytes written | checkpoint B stored (zlib) | its JSON |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {x['step']} | {x['wall_ms']:.2f} | {x['cpu_ms']:.2f} | {x['written_bytes']:,.0f} | "
+              f"{x['checkpoint_b_stored_bytes']:,.0f} | {x['checkpoint_b_json_bytes']:,.0f} |" for x in lr["at"]]
+    ratio = lr["ratio_last_to_first"]
+    lines += ["", f"Step 50 / step 5: bytes written {ratio['written_bytes']} x, CPU {ratio['cpu_ms']} x, wall "
+              f"{ratio['wall_ms']} x. Every run's history read back: {sorted(set(lr['history_entries']))} entries.", ""]
+    return lines
+
+
+def inflight_section(f: dict[str, Any]) -> list[str]:
+    p, w, m = f["params"], f["window"], f["memory"]
+    lines = ["## In flight: slow-model runs held at once", "",
+             f"{p['runs']:,} runs of {p['steps']} steps (`bench_steps`: a model call that sleeps {p['model_ms']} ms, "
+             f"one read-only tool), all submitted at once, on {p['workers']} worker processes x `--pool {p['pool']}` "
+             f"concurrency {p['concurrency']}{' ' + str(p['env']) if p.get('env') else ''}. Window: from one model "
+             f"call after the last run's first step started, {w['seconds']} s. Load average (the machine, "
+             f"all users) {f.get('load_in_window')}.", "",
+             "| figure | value |", "|---|---|",
+             f"| runs in flight in the window | {w['runs_in_flight']:,} |",
+             f"| steps/s (ideal: in flight / model time) | {w['steps_per_s']} ({w['ideal_steps_per_s']}) = "
+             f"{w['ratio_to_ideal']} |",
+             f"| step end -> next step start, p50 / p95 / max ms | {w['gap_ms']['p50']} / {w['gap_ms']['p95']} / "
+             f"{w['gap_ms']['max']} (n {w['gap_ms']['n']}) |",
+             f"| worker CPU per step (both processes) | {w['worker_cpu_ms_per_step']} ms |",
+             f"| Redis CPU per step | {w['redis_cpu_ms_per_step']} ms |",
+             f"| worker RSS idle -> peak | {f['idle_rss_mb']} -> {m['peak_rss_mb']} MB |",
+             f"| memory per in-flight run | {m['per_run_kb']} KiB |",
+             f"| peak Redis clients / MariaDB connections | {m['peak_redis_clients']} / {m['peak_db_connections']} |"]
+    t = f.get("takeover")
+    if t:
+        lat = t["latency_ms"]
+        lines.append(f"| kill -9 of one worker (restarted at once): runs it held mid-step -> claimed again, "
+                     f"p50 / p95 / max ms | {t['held_mid_step']} -> {t['claimed_again']}: {lat['p50']} / "
+                     f"{lat['p95']} / {lat['max']} |")
+    if "runs_passed" in f:
+        lines.append(f"| runs done and passing their verdict | {f['runs_passed']}/{p['runs']} ({f['states']}) |")
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {x['target']} | {x['measured']} | {'yes' if x['met'] else 'NO'} |" for x in f["targets"]]
+    lines.append("")
+    return lines
 
 
 def plot(r: dict[str, Any], path: Path) -> None:

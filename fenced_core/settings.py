@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     retry_cap_ms: int = Field(5_000, gt=0, description="Transient retry backoff cap")
     retry_budget: int = Field(5, ge=0, description="Transient retries per step")
     concurrency: int = Field(4, gt=0, description="Worker concurrency")
+    task_events: bool = Field(True, description="Workers send Celery task events and senders task-sent events "
+                              "(Flower's live task view); off saves about four broker publishes per step")
 
     # Operators: a worker's Prometheus endpoint (tasks.metrics; docs/operators.md).
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of a worker's /metrics endpoint; 0 = off")
