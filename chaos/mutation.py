@@ -82,13 +82,20 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
         "checkpoint-epoch", "the fenced checkpoint UPDATE loses `AND epoch = ?` (runs._fenced_update)",
         (Edit("checkpoints/runs.py",
               '_rc.epoch == sa.bindparam("w_epoch"), _rc.state == "running",\n    ).values({c:',
-              '_rc.state == "running",\n    ).values({c:'),),
+              '_rc.state == "running",\n    ).values({c:'),
+         # the same fence in the one-round-trip checkpoints (MySQL/MariaDB): the epoch's parameter kept
+         Edit("checkpoints/runs.py",
+              '_RAW_FENCE = "run_id = %s AND epoch = %s AND state = \'running\'"',
+              '_RAW_FENCE = "run_id = %s AND %s IS NOT NULL AND state = \'running\'"')),
         "zombie", {"times": 2}, ("stale_write",), ci=True),
     Mutation(
         "claim-epoch", "the claim's compare-and-set loses `AND epoch = ?` (runs._CLAIM)",
         (Edit("checkpoints/runs.py",
               '_rc.epoch == sa.bindparam("w_epoch"), _rc.state.in_(LIVE_STATES),',
-              '_rc.state.in_(LIVE_STATES),'),),
+              '_rc.state.in_(LIVE_STATES),'),
+         Edit("checkpoints/runs.py",
+              '"updated_at_ms = %s WHERE run_id = %s AND epoch = %s AND state IN (\'queued\', \'running\'); "',
+              '"updated_at_ms = %s WHERE run_id = %s AND %s IS NOT NULL AND state IN (\'queued\', \'running\'); "')),
         "zombie-takeovers", {"times": 2}, ("stale_write", "takeovers"),
         equivalent="the claim reads the row it updates under a row lock in the same transaction (SELECT ... "
                    "FOR UPDATE; SQLite: BEGIN IMMEDIATE), so the epoch it compares is always the one it read"),

@@ -78,6 +78,15 @@ def _make_engine(url: str) -> Engine:
     )
     idle_s = get_settings().db_idle_txn_timeout_s
 
+    @event.listens_for(engine, "do_connect")
+    def _multi_statements(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        # One round trip for a whole hot transaction (raw_txn): its statements and its COMMIT are sent
+        # as one multi-statement query. ORed into the flags the dialect chose (FOUND_ROWS stays on:
+        # rowcount counts matched rows, which the fenced writes rely on). Values are still escaped by
+        # the driver; no statement is ever built from unescaped input.
+        if one_trip_driver(engine):
+            cparams["client_flag"] = int(cparams.get("client_flag", 0)) | _CLIENT_MULTI_STATEMENTS
+
     @event.listens_for(engine, "connect")
     def _bound_idle_transactions(dbapi_conn: Any, _record: Any) -> None:
         # A worker frozen (SIGSTOP, VM pause) in the middle of a transaction keeps its row locks, and
@@ -90,6 +99,21 @@ def _make_engine(url: str) -> Engine:
             cur.close()
 
     return engine
+
+
+_CLIENT_MULTI_STATEMENTS = 1 << 16  # the MySQL protocol's CLIENT_MULTI_STATEMENTS (PyMySQL and mysqlclient)
+ONE_TRIP_DRIVERS = ("pymysql", "mysqldb")
+
+
+def one_trip_driver(engine: Engine) -> bool:
+    """Whether this engine's hot transactions go through raw_txn (MySQL/MariaDB through PyMySQL or
+    mysqlclient: multi-statement queries); SQLite (no network round trips) keeps SQLAlchemy Core."""
+    return engine.dialect.name == "mysql" and engine.dialect.driver in ONE_TRIP_DRIVERS
+
+
+def one_trip(url: str | None = None) -> bool:
+    """one_trip_driver for the store at `url` (default: settings)."""
+    return one_trip_driver(get_engine(url))
 
 
 def dispose_all() -> None:
@@ -216,6 +240,71 @@ def in_txn(fn: Callable[..., T], *args: Any, url: str | None = None, **kwargs: A
     def attempt() -> T:
         with transaction(url) as conn:
             return fn(conn, *args, **kwargs)
+
+    return attempt()
+
+
+@contextmanager
+def raw_txn(url: str | None = None) -> Iterator[Any]:
+    """One transaction on a pooled DBAPI connection, for the hot path's multi-statement queries: yields a
+    cursor; the caller sends its statements AND its COMMIT (usually in one query), and reads every
+    result. On any exception the transaction is rolled back (a broken connection is discarded instead)
+    and a driver error leaves as DatabaseUnavailable when transient, as transaction() does.
+
+    Only for one_trip stores; the caller's statements must be fenced each on its own (a multi-statement
+    query runs on to its COMMIT whatever the first statement matched)."""
+    engine = get_engine(url)
+    dbapi_error = engine.dialect.loaded_dbapi.Error
+    _in_txn.depth = getattr(_in_txn, "depth", 0) + 1
+    try:
+        conn = engine.raw_connection()
+        try:
+            cur = conn.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
+        except BaseException as exc:
+            invalidated = isinstance(exc, dbapi_error) and engine.dialect.is_disconnect(
+                exc, conn.dbapi_connection, None)
+            if invalidated:
+                conn.invalidate(exc)
+            else:
+                try:
+                    conn.rollback()
+                except Exception as rollback_exc:  # the connection is unusable: never hand it out again
+                    conn.invalidate(rollback_exc)
+            raise
+        finally:
+            conn.close()
+    except dbapi_error as exc:
+        wrapped = sa.exc.DBAPIError.instance(
+            None, None, exc, dbapi_error, connection_invalidated=engine.dialect.is_disconnect(exc, None, None))
+        if isinstance(wrapped, sa.exc.DBAPIError) and is_transient_db_error(wrapped):
+            raise DatabaseUnavailable(wrapped) from exc
+        raise wrapped from exc
+    finally:
+        _in_txn.depth -= 1
+
+
+def results(cur: Any) -> list[tuple[int, Any, list[Any]]]:
+    """Every result of the multi-statement query just executed on `cur`, in order: (rowcount, lastrowid,
+    rows). Reading them all surfaces an error in any statement (the server stops at the first error,
+    before the COMMIT that ends the query)."""
+    out = [(cur.rowcount, cur.lastrowid, list(cur.fetchall()) if cur.description else [])]
+    while cur.nextset():
+        out.append((cur.rowcount, cur.lastrowid, list(cur.fetchall()) if cur.description else []))
+    return out
+
+
+def in_raw_txn(fn: Callable[..., T], *args: Any, url: str | None = None, **kwargs: Any) -> T:
+    """Run `fn(cursor, *args, **kwargs)` in raw_txn, retried as a whole on transient errors (db_retry:
+    only for idempotent transactions, as in_txn)."""
+
+    @db_retry
+    def attempt() -> T:
+        with raw_txn(url) as cur:
+            return fn(cur, *args, **kwargs)
 
     return attempt()
 

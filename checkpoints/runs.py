@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from checkpoints import billing, codec, ledger
-from checkpoints.db import db_retry, in_txn, transaction
+from checkpoints.db import db_retry, in_raw_txn, in_txn, one_trip, raw_txn, results, transaction
 from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_ledger, run_steps
 from fenced_core.errors import FencedOut, InsufficientCredits, InvalidRequest
 
@@ -75,6 +75,42 @@ def _fenced_update(columns: tuple[str, ...]) -> sa.Update:
     return run_checkpoints.update().where(
         _rc.run_id == sa.bindparam("w_run_id"), _rc.epoch == sa.bindparam("w_epoch"), _rc.state == "running",
     ).values({c: sa.bindparam(f"v_{c}") for c in columns})
+
+
+# -- the hot path on MySQL/MariaDB: one round trip per transaction (checkpoints.db.raw_txn) ------------
+# Each transaction below is ONE multi-statement query that ends in its own COMMIT; the server runs it
+# to the end whatever the first statement matched, so every statement after the fenced UPDATE is
+# conditional on it (`@fenced`: the rows that UPDATE matched, FOUND_ROWS). A holder fenced out writes
+# nothing and commits an empty transaction, and the caller raises FencedOut from the UPDATE's rowcount.
+# SQLite (no network round trips) runs the same writes through SQLAlchemy Core below.
+_COLUMNS = [c.name for c in run_checkpoints.c]
+_PEEK_COLUMNS = [c for c in _COLUMNS if c != "checkpoint"]
+_RAW_PEEK = f"SELECT {', '.join(_PEEK_COLUMNS)} FROM run_checkpoints WHERE run_id = %s; COMMIT"
+_RAW_GET_LOCKED = f"SELECT {', '.join(_COLUMNS)} FROM run_checkpoints WHERE run_id = %s FOR UPDATE"
+_RAW_FENCE = "run_id = %s AND epoch = %s AND state = 'running'"
+_RAW_STEP_ROW = ("INSERT INTO run_steps (run_id, step, epoch, phase, owner, prompt_tokens, completion_tokens, "
+                 "checkpoint, at_ms) SELECT run_id, %s, %s, %s, %s, %s, %s, checkpoint, %s FROM run_checkpoints "
+                 "WHERE run_id = %s AND @fenced = 1")  # the blob just written, read back (not sent twice)
+_RAW_CHECKPOINT_A = (
+    "UPDATE run_checkpoints SET phase = 'decided', checkpoint = %s, prompt_tokens = %s, completion_tokens = %s, "
+    f"model_calls = %s, last_event_id = %s, updated_at_ms = %s WHERE {_RAW_FENCE}; "
+    f"SET @fenced = ROW_COUNT(); {_RAW_STEP_ROW}; COMMIT")
+_RAW_CHECKPOINT_B = (
+    "UPDATE run_checkpoints SET step = %s, phase = 'done', checkpoint = %s, owner = NULL, deliveries = 0, "
+    f"last_event_id = %s, updated_at_ms = %s WHERE {_RAW_FENCE}; "
+    f"SET @fenced = ROW_COUNT(); {_RAW_STEP_ROW}; "
+    "UPDATE run_attempts SET ended_at_ms = %s, outcome = 'step_done', error = NULL WHERE id = %s AND @fenced = 1; "
+    "COMMIT")
+_RAW_CLAIM = (
+    "UPDATE run_checkpoints SET epoch = %s, owner = %s, state = 'running', deliveries = %s, total_deliveries = %s, "
+    "updated_at_ms = %s WHERE run_id = %s AND epoch = %s AND state IN ('queued', 'running'); "
+    "SET @fenced = ROW_COUNT(); "
+    "INSERT INTO run_attempts (run_id, step, epoch, worker, started_at_ms) "
+    "SELECT %s, %s, %s, %s, %s FROM DUAL WHERE @fenced = 1; "
+    "INSERT INTO run_ledger (run_id, at_ms, epoch, actor, kind, reason, detail) "
+    "SELECT %s, %s, %s, %s, %s, %s, %s FROM DUAL WHERE @fenced = 1; "
+    "COMMIT")
+_RAW_OWN_ATTEMPT = "SELECT id FROM run_attempts WHERE run_id = %s AND epoch = %s AND worker = %s"
 
 
 def now_ms() -> int:
@@ -255,6 +291,11 @@ def list_runs(limit: int = 50, state: str | None = None, user_id: str | None = N
 @db_retry
 def peek_run(run_id: str) -> Run | None:
     """The run row without its checkpoint (`checkpoint` is {}): enough to skip, drop or claim."""
+    if one_trip():
+        with raw_txn() as cur:
+            cur.execute(_RAW_PEEK, (run_id,))
+            rows = results(cur)[0][2]
+        return Run.from_row(dict(zip(_PEEK_COLUMNS, rows[0], strict=True))) if rows else None
     with transaction(readonly=True) as conn:
         row = conn.execute(_PEEK_RUN, {"w_run_id": run_id}).mappings().first()
     return Run.from_row(row) if row else None
@@ -266,16 +307,57 @@ def peek_run_txn(conn: Connection, run_id: str) -> Run | None:
     return Run.from_row(row) if row else None
 
 
-def claim(run: Run | str, token: str) -> Claim | None:
-    """Claim the run as it is now (epoch + 1, owner = `token`); None if it is not live any more.
+def claim(run: Run | str, token: str, step: int | None = None) -> Claim | None:
+    """Claim the run as it is now (epoch + 1, owner = `token`); None if it is not live any more, or (with
+    `step`) if it is no longer at `step` (a stale wake-up: nothing written).
 
     The row is read inside the claim's transaction, locked: a snapshot read before the lease was taken
     may be stale (the previous holder, slow but alive, can have written checkpoint A, a card or a park
     since), and resuming from it would pay the model twice. The claim runs from what the row says."""
-    return in_txn(_claim_txn, run if isinstance(run, str) else run.run_id, token)
+    run_id = run if isinstance(run, str) else run.run_id
+    if one_trip():
+        return in_raw_txn(_claim_raw, run_id, token, step)
+    return in_txn(_claim_txn, run_id, token, step)
 
 
-def _claim_txn(conn: Connection, run_id: str, token: str) -> Claim | None:
+@dataclass(frozen=True)
+class _ClaimPlan:
+    """What a claim of `run` writes: the row's new counters, its attempt row and its ledger entry."""
+
+    epoch: int
+    deliveries: int
+    total_deliveries: int
+    now: int
+    takeover: bool
+    kind: str
+    reason: str
+    detail: dict[str, Any]
+
+
+def _plan_claim(run: Run) -> _ClaimPlan:
+    takeover = run.owner is not None
+    who = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(), "delivery": run.deliveries + 1}
+    if takeover:
+        kind = "takeover"
+        reason = (f"previous holder {run.owner} (epoch {run.epoch}) never handed step {run.step} over; "
+                  f"resuming {resume_point(run.phase, run.step)}")
+        detail = {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase, **who}
+    else:
+        kind, reason, detail = "claimed", f"step {run.step} claimed, {resume_point(run.phase, run.step)}", who
+    return _ClaimPlan(run.epoch + 1, run.deliveries + 1, run.total_deliveries + 1, now_ms(), takeover, kind, reason,
+                      detail)
+
+
+def _claimable(run: Run, step: int | None) -> bool:
+    return run.state in LIVE_STATES and (step is None or run.step == step)
+
+
+def _claim_of(run: Run, plan: _ClaimPlan, token: str, attempt_id: int) -> Claim:
+    return Claim(run=run, epoch=plan.epoch, token=token, attempt_id=attempt_id, takeover=plan.takeover,
+                 previous_owner=run.owner, deliveries=plan.deliveries)
+
+
+def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = None) -> Claim | None:
     row = conn.execute(_GET_RUN_LOCKED, {"w_run_id": run_id}).mappings().first()
     if row is None:
         return None
@@ -286,30 +368,52 @@ def _claim_txn(conn: Connection, run_id: str, token: str) -> Claim | None:
         if attempt is not None:
             return Claim(run=run, epoch=run.epoch, token=token, attempt_id=int(attempt), takeover=False,
                          previous_owner=None, deliveries=run.deliveries)
-    if run.state not in LIVE_STATES:
+    if not _claimable(run, step):
         return None
-    now = now_ms()
-    epoch = run.epoch + 1
+    plan = _plan_claim(run)
     updated = change_state_txn(conn, run.run_id, LIVE_STATES, "running", at_epoch=run.epoch, what="claim",
-                               epoch=epoch, owner=token, deliveries=run.deliveries + 1,
-                               total_deliveries=run.total_deliveries + 1, updated_at_ms=now)
+                               epoch=plan.epoch, owner=token, deliveries=plan.deliveries,
+                               total_deliveries=plan.total_deliveries, updated_at_ms=plan.now)
     if not updated:  # the row is locked: only a store without row locks gets here
         return None
     attempt_id = conn.execute(_INSERT_ATTEMPT, {
-        "run_id": run.run_id, "step": run.step, "epoch": epoch, "worker": token, "started_at_ms": now,
+        "run_id": run.run_id, "step": run.step, "epoch": plan.epoch, "worker": token, "started_at_ms": plan.now,
     }).inserted_primary_key[0]  # type: ignore[index]
-    takeover = run.owner is not None
-    who = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(), "delivery": run.deliveries + 1}
-    if takeover:
-        ledger.record_txn(conn, run.run_id, epoch, token, "takeover",
-                          f"previous holder {run.owner} (epoch {run.epoch}) never handed step {run.step} over; "
-                          f"resuming {resume_point(run.phase, run.step)}",
-                          {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase, **who})
-    else:
-        ledger.record_txn(conn, run.run_id, epoch, token, "claimed",
-                          f"step {run.step} claimed, {resume_point(run.phase, run.step)}", who)
-    return Claim(run=run, epoch=epoch, token=token, attempt_id=int(attempt_id), takeover=takeover,
-                 previous_owner=run.owner, deliveries=run.deliveries + 1)
+    ledger.record_txn(conn, run.run_id, plan.epoch, token, plan.kind, plan.reason, plan.detail)
+    return _claim_of(run, plan, token, int(attempt_id))
+
+
+def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Claim | None:
+    """_claim_txn in two round trips (MySQL/MariaDB): the locked read, then the compare-and-set with its
+    attempt row, its ledger entry and the COMMIT as one query (each insert conditional on the update)."""
+    cur.execute(_RAW_GET_LOCKED, (run_id,))
+    row = cur.fetchone()
+    if row is None:
+        cur.execute("COMMIT")
+        return None
+    run = Run.from_row(dict(zip(_COLUMNS, row, strict=True)))
+    if run.owner == token:
+        cur.execute(_RAW_OWN_ATTEMPT, (run_id, run.epoch, token))
+        attempt = cur.fetchone()
+        if attempt is not None:
+            cur.execute("COMMIT")
+            return Claim(run=run, epoch=run.epoch, token=token, attempt_id=int(attempt[0]), takeover=False,
+                         previous_owner=None, deliveries=run.deliveries)
+    if not _claimable(run, step):
+        cur.execute("COMMIT")
+        return None
+    plan = _plan_claim(run)
+    for source in LIVE_STATES:  # the state change this is (change_state_txn's check, for the raw statement)
+        if (source, "running") not in TRANSITIONS:
+            raise IllegalTransition(f"claim: {source} -> running is not a run state change")
+    detail = json.dumps(plan.detail, sort_keys=True, default=str)
+    cur.execute(_RAW_CLAIM, (plan.epoch, token, plan.deliveries, plan.total_deliveries, plan.now, run_id, run.epoch,
+                             run_id, run.step, plan.epoch, token, plan.now,
+                             run_id, plan.now, plan.epoch, token, plan.kind, plan.reason, detail))
+    out = results(cur)
+    if out[0][0] != 1:  # the row is locked: only a store without row locks gets here
+        return None
+    return _claim_of(run, plan, token, int(out[2][1]))
 
 
 def resume_point(phase: str, step: int) -> str:
@@ -404,9 +508,24 @@ class Usage:
     model_calls: int = 0
 
 
+def _raw_fenced(cur: Any, c: Claim, what: str, sql: str, params: tuple[Any, ...]) -> None:
+    """Send one of the one-round-trip fenced transactions above; FencedOut when its UPDATE matched nothing
+    (then every later statement matched nothing too, and the COMMIT committed nothing)."""
+    cur.execute(sql, params)
+    if results(cur)[0][0] != 1:
+        raise FencedOut(c.run.run_id, c.epoch, what)
+
+
 def write_decided(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
     """Checkpoint A: the model's decision and the call's usage; a resume replays it, never re-calls."""
     blob = codec.encode(checkpoint)
+    if one_trip():
+        now = now_ms()
+        in_raw_txn(_raw_fenced, c, f"checkpoint A of step {step}", _RAW_CHECKPOINT_A, (
+            blob, usage.prompt_tokens, usage.completion_tokens, usage.model_calls, last_event_id, now,
+            c.run.run_id, c.epoch,
+            step, c.epoch, "decided", c.token, usage.prompt_tokens, usage.completion_tokens, now, c.run.run_id))
+        return
 
     def txn(conn: Connection) -> None:
         fenced_update_txn(conn, c.run.run_id, c.epoch, f"checkpoint A of step {step}", phase="decided",
@@ -421,6 +540,13 @@ def write_decided(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage,
 def write_step_done(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
     """Checkpoint B: every tool returned; the run moves to step + 1 and the holder lets go."""
     blob = codec.encode(checkpoint)
+    if one_trip():
+        now = now_ms()
+        in_raw_txn(_raw_fenced, c, f"checkpoint B of step {step}", _RAW_CHECKPOINT_B, (
+            step + 1, blob, last_event_id, now, c.run.run_id, c.epoch,
+            step, c.epoch, "done", c.token, usage.prompt_tokens, usage.completion_tokens, now, c.run.run_id,
+            now, c.attempt_id))
+        return
 
     def txn(conn: Connection) -> None:
         fenced_update_txn(conn, c.run.run_id, c.epoch, f"checkpoint B of step {step}", step=step + 1,

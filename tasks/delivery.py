@@ -26,26 +26,36 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
     our index entry due now, so the reaper rescues the run on its next tick; a crash anywhere is taken
     over from the last checkpoint."""
     s = get_settings()
-    run = runs.peek_run(run_id)
-    if run is None:
-        log.warning("unknown_run", run_id=run_id)
-        rescue_answered(run_id)
-        return "unknown"
-    if run.terminal:
-        # Its holder may have died between the terminal commit and the final event or the slot release.
-        endings.repair(run)
-    if run.terminal or run.state == "waiting":
-        log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
-        if step is None:  # a rescue (rescues carry no step): answered
-            rescue_answered(run_id)
-        return "skipped"
-    if step is not None and step != run.step:
-        log.info("stale_wakeup_dropped", run_id=run_id, epoch=run.epoch, message_step=step, run_step=run.step)
-        return "stale"
     lease = Lease(run_id, s.lease_ttl_ms)
-    if not lease.acquire(run.step):
-        log.info("duplicate_dropped", run_id=run_id, epoch=run.epoch, step=run.step)
+    if step is None:
+        # A rescue (rescues carry no step): the row says whether there is anything to do, and which
+        # step's handoff the rescue may take (a continuation lost after its handoff was set).
+        skipped, run = _look(run_id, None)
+        if skipped is not None:
+            return skipped
+        assert run is not None
+        if not lease.acquire(run.step):
+            log.info("duplicate_dropped", run_id=run_id, epoch=run.epoch, step=run.step)
+            return "duplicate"
+    elif not lease.acquire(step):
+        # Held by someone, or handed over for another step: a duplicate or stale wake-up either way.
+        log.info("duplicate_dropped", run_id=run_id, step=step)
         return "duplicate"
+    elif not lease.took_handoff:
+        # The lease was free (the handoff expired, Redis lost it, the run ended, parked or was never
+        # claimed): ours for now, but the row decides, as it does for a rescue.
+        try:
+            skipped, _run = _look(run_id, step)
+        except BaseException:
+            _let_go(lease, None, rescue_soon=True)
+            raise
+        if skipped is not None:
+            # Let go with our index entry due now: a wake-up refused while we held the lease is rescued.
+            _let_go(lease, None, rescue_soon=True)
+            return skipped
+    # The lease is ours. A handoff taken for this step skipped the row read: the previous holder set it
+    # only after checkpoint B of step - 1 committed, so the row was at this step then; the claim reads
+    # the row locked and checks the step again (docs/design.md, "Round trips removed").
     watchdog = get_watchdog(s.heartbeat_ms)
     # Renewed from now on: a claim that waits on the database (a frozen holder's row lock) must not
     # lose the lease meanwhile. The step timeout counts from here too.
@@ -55,7 +65,7 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
     outcome = "error"
     try:
         # The claim runs on the row as it is now, whatever the snapshot above said.
-        claim = runs.claim(run_id, lease.token)
+        claim = runs.claim(run_id, lease.token, step)
         if claim is None:
             outcome = "skipped"
             now = runs.peek_run(run_id)
@@ -107,6 +117,28 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
         _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", "error"))
         if handoff is not None:
             send_next(run_id, handoff)
+
+
+def _look(run_id: str, step: int | None) -> tuple[str | None, runs.Run | None]:
+    """Read the row (without its checkpoint) before claiming: (how the delivery ends, None) when there is
+    nothing to do (unknown, ended, waiting, or at another step than `step`), else (None, the row)."""
+    run = runs.peek_run(run_id)
+    if run is None:
+        log.warning("unknown_run", run_id=run_id)
+        rescue_answered(run_id)
+        return "unknown", None
+    if run.terminal:
+        # Its holder may have died between the terminal commit and the final event or the slot release.
+        endings.repair(run)
+    if run.terminal or run.state == "waiting":
+        log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
+        if step is None:  # a rescue: answered
+            rescue_answered(run_id)
+        return "skipped", None
+    if step is not None and step != run.step:
+        log.info("stale_wakeup_dropped", run_id=run_id, epoch=run.epoch, message_step=step, run_step=run.step)
+        return "stale", None
+    return None, run
 
 
 def _close(claim: runs.Claim, outcome: str, error: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from checkpoints import billing, ledger, lifecycle, runs
+from checkpoints import billing, codec, ledger, lifecycle, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.runs import Usage
 from checkpoints.schema import run_holds
@@ -98,8 +98,29 @@ def test_stale_epoch_write_is_refused_everywhere(store):
     row = runs.get_run(run.run_id)
     assert (row.state, row.epoch, row.prompt_tokens, row.answer) == ("running", 2, 0, None)
     assert hold(run.run_id)["state"] == "held", "a fenced-out holder must not settle"
+    with transaction() as conn:
+        steps = conn.execute(sa.text("SELECT COUNT(*) FROM run_steps WHERE run_id = :r"), {"r": run.run_id}).scalar()
+        outcome = conn.execute(sa.text("SELECT outcome FROM run_attempts WHERE id = :i"), {"i": old.attempt_id}).scalar()
+    # On MySQL each checkpoint is one query ending in COMMIT: every statement after the fenced UPDATE
+    # must be fenced too, or a refused holder would still add its step row and close its attempt.
+    assert steps == 0, "a fenced-out checkpoint writes no step row"
+    assert outcome is None, "a fenced-out checkpoint B does not close the holder's attempt as step_done"
     runs.write_decided(new, 0, {"decision": {"x": 1}}, usage, "1-0")
     assert runs.get_run(run.run_id).phase == "decided"
+
+
+def test_a_claim_for_another_step_writes_nothing(store):
+    """A wake-up that took a handoff skips the row read; its claim checks the step under the lock."""
+    run = new_run()
+    assert runs.claim(run, "w/1", step=3) is None
+    row = runs.get_run(run.run_id)
+    assert (row.epoch, row.state, row.owner, row.deliveries) == (0, "queued", None, 0)
+    with transaction() as conn:
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM run_attempts WHERE run_id = :r"),
+                            {"r": run.run_id}).scalar() == 0
+    c = runs.claim(run, "w/2", step=0)
+    assert c is not None and c.epoch == 1 and c.attempt_id > 0
+    assert [e.kind for e in ledger.history(run.run_id)][-1] == "claimed"
 
 
 def test_checkpoints_move_the_run_and_keep_history(store):
@@ -116,6 +137,10 @@ def test_checkpoints_move_the_run_and_keep_history(store):
         phases = conn.execute(sa.text("SELECT phase FROM run_steps WHERE run_id = :r ORDER BY id"),
                               {"r": run.run_id}).scalars().all()
     assert phases == ["decided", "done"]
+    with transaction() as conn:
+        blobs = conn.execute(sa.text("SELECT checkpoint FROM run_steps WHERE run_id = :r ORDER BY id"),
+                             {"r": run.run_id}).scalars().all()
+    assert codec.decode(blobs[-1]) == after.checkpoint == {"history": [{"step": 0}]}, "a step row keeps its checkpoint"
 
 
 def test_terminal_transaction_settles_exactly_once(store):
