@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 
 from chaos.harness import QUERIES, ChaosConfig, Cluster, control_charge, judge, rows, wait_for, wait_terminal
 from chaos.nodes import WorkerNode
@@ -53,7 +54,7 @@ def redis_failover(cfg: ChaosConfig, times: int = 3, runs: int = 12, progress: P
         for i in range(times):
             marks = {n.name: n.log_mark() for n in cluster.nodes}
             ids = [submit(f"failover-{i}-{n}", QUERIES[n % len(QUERIES)]) for n in range(runs)]
-            wait_for(lambda ids=ids: sum(r.state == "running" for r in rows(ids)) >= max(1, runs // 2), 60)
+            wait_for(partial(_running, ids, max(1, runs // 2)), 60)
             before = {r.run_id: r for r in rows(ids)}
             failover = node.kill_master()
             in_flight = [r for r, row in before.items() if row.state not in TERMINAL_STATES]
@@ -97,6 +98,10 @@ def _judge_round(result: ScenarioResult, failover: Failover, ids: list[str], in_
         f"failover {failover.old[1]} -> {failover.new and failover.new[1]}: {len(in_flight)} runs in flight, "
         f"{len(held)} held; {len(swept)} rescued by the sweeper ('{SWEEPER_RESCUE} ...'); {len(lost_views)} live "
         f"views missing events lost with the primary; still unfinished: {len(_in_flight(ids))}")
+
+
+def _running(ids: list[str], at_least: int) -> bool:
+    return sum(r.state == "running" for r in rows(ids)) >= at_least
 
 
 @contextmanager
