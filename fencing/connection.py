@@ -12,10 +12,12 @@ import uuid
 from typing import Any
 
 import redis
-from redis.client import Pipeline
 
-from fenced_core.errors import StoreUnavailable
 from fenced_core.settings import CLUSTER_SCHEME, SENTINEL_SCHEME, get_settings
+from fencing.fenced_redis import FencedPipeline, FencedRedis, RedisUnavailable
+
+__all__ = ["CLIENT_NAME_PREFIX", "FencedPipeline", "FencedRedis", "RedisUnavailable", "client_for", "get_redis",
+           "process_token", "reset"]
 
 _lock = threading.RLock()
 CLIENT_NAME_PREFIX = "fenced:"  # CLIENT SETNAME fenced:<process token> on every pooled connection
@@ -31,52 +33,6 @@ def process_token() -> str:
             host = socket.gethostname().replace(" ", "_")  # the token is also a client name
             _state["token"] = f"{host}:{pid}:{uuid.uuid4().hex[:8]}"
         return str(_state["token"])
-
-
-class RedisUnavailable(StoreUnavailable, redis.ConnectionError):
-    """Redis could not be reached or did not answer in time. Also a redis.ConnectionError, so handlers
-    written against redis-py still match. A command that raised it may or may not have run: every
-    fenced write to Redis is a compare-and-set or an absolute value, safe to repeat."""
-
-
-_DRIVER_ERRORS = (redis.ConnectionError, redis.TimeoutError)
-
-
-def _translate(exc: Exception) -> Exception:
-    if isinstance(exc, StoreUnavailable):
-        return exc
-    return RedisUnavailable(f"Redis unavailable: {type(exc).__name__}: {exc}")
-
-
-class FencedPipeline(Pipeline):
-    """A pipeline whose driver errors leave as RedisUnavailable."""
-
-    def execute(self, raise_on_error: bool = True) -> list[Any]:
-        try:
-            return super().execute(raise_on_error)
-        except _DRIVER_ERRORS as exc:
-            raise _translate(exc) from exc
-
-    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
-        try:
-            return super().immediate_execute_command(*args, **options)
-        except _DRIVER_ERRORS as exc:
-            raise _translate(exc) from exc
-
-
-class FencedRedis(redis.Redis):
-    """redis.Redis whose driver errors leave as RedisUnavailable (commands, scripts, pipelines)."""
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        try:
-            return super().execute_command(*args, **options)
-        except _DRIVER_ERRORS as exc:
-            raise _translate(exc) from exc
-
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> FencedPipeline:
-        return FencedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
-
-
 
 
 def client_for(url: str, **options: Any) -> redis.Redis:

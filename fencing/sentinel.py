@@ -25,7 +25,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from fenced_core.errors import ConfigError
 from fenced_core.settings import SENTINEL_SCHEME
-from fencing.connection import FencedRedis
+from fencing.fenced_redis import FencedRedis
 
 BROKER_SCHEME = "sentinel://"  # kombu's: one `sentinel://HOST:PORT[/DB]` per sentinel, joined by ';'
 # How long one sentinel may take to answer "who is the master?" before the next one is asked.
