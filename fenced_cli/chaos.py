@@ -99,6 +99,8 @@ def chaos(
                  f"{', '.join(n for n in SCENARIOS if n not in DEMO_ONLY)}")
         names = [n for n in names if n not in DEMO_ONLY]
     cfg = ChaosConfig(lease_ms=lease_ms, step_ms=step_ms, app=app_module or "", agent=chosen or "")
+    if sentinel:  # worker logs apart from a plain run's (.fenced/chaos-sentinel/w1.log, …)
+        cfg.log_dir = cfg.log_dir.with_name("chaos-sentinel")
     results: list[ScenarioResult] = []
     err = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
