@@ -59,9 +59,14 @@ def counting() -> Iterator[Counters]:
 
 def server_commands() -> int:
     """Commands the Redis server processed so far, not counting INFO itself."""
+    from fencing.cluster import is_cluster
     from fencing.connection import get_redis
 
-    stats: Any = get_redis().info("commandstats")
+    client: Any = get_redis()
+    if is_cluster(client):  # every master's count (INFO alone asks one node)
+        per_node = client.info("commandstats", target_nodes=client.PRIMARIES)
+        return sum(v["calls"] for stats in per_node.values() for k, v in stats.items() if k != "cmdstat_info")
+    stats: Any = client.info("commandstats")
     return sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
 
 

@@ -7,9 +7,12 @@ workers it starts, which inherit its environment) at it, and the `cluster-master
 
 cluster-master-kill: a worker stops itself (SIGSTOP) right before checkpoint A of a run; the cluster master
 holding that run's lease is SIGKILLed with every run in flight; its replica is promoted after
-cluster-node-timeout. The other worker takes the runs over, the frozen one is woken, and its write is
-refused by the epoch. Every run must finish once (judge), the promotion must happen, and the ledger must
-show the takeovers of the runs whose leases lived on the killed master and the stale holder's refusal.
+cluster-node-timeout. The other worker takes the runs over and the frozen one is woken. Every run must
+finish once (judge: nothing charged, carded or paid twice, no stale write landed), the promotion must
+happen, the ledger must show the takeovers of the runs whose leases lived on the killed master, and at
+least one stale holder refused by the epoch (fence_rejected) over the scenario: holders whose lease went
+with the failover, or the frozen one (which, woken, is refused at its checkpoint A, or stops first when
+its calls to the dead node fail; either way nothing it writes lands).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from chaos.harness import (
     wait_terminal,
 )
 from chaos.report import ScenarioResult
-from chaos.scenarios import SCENARIOS, Progress, _cluster, _refused
+from chaos.scenarios import SCENARIOS, Progress, _cluster
 from checkpoints import ledger
 from checkpoints.schema import TERMINAL_STATES
 from fenced_core.settings import CLUSTER_SCHEME, get_settings
@@ -163,6 +166,7 @@ def cluster_master_kill(cfg: ChaosConfig, times: int = 1, runs: int = 8, progres
         return result
     # Steps long enough that the kill lands mid-step; enough slots that every run is in flight at once.
     slow = replace(cfg, step_ms=max(cfg.step_ms, 800), concurrency=max(cfg.concurrency, runs // 2 + 1))
+    fenced_out = 0
     with _cluster(slow, faults_armed=True) as (cluster, submit):
         cluster.start(2)
         control = control_charge(submit, slow.timeout_s)
@@ -194,8 +198,9 @@ def cluster_master_kill(cfg: ChaosConfig, times: int = 1, runs: int = 8, progres
             resumed = wait_for(partial(resumed_at_ms, stale_run, failover.kill_ms), slow.timeout_s)
             mine = {e.actor for e in ledger.history(stale_run)
                     if e.kind in CLAIMS and frozen.owns(owner_pid(e.actor) or -1)}
+            still_stopped = _stopped(hit[2])
             frozen.kill(signal.SIGCONT)
-            refused = wait_for(partial(_refused, stale_run, mine), 15, every_s=0.2)
+            refused = wait_for(partial(_refusals, stale_run, mine), 15, every_s=0.2)
             nodes.restart(victim)
             if not wait_terminal(ids, slow.timeout_s):
                 result.notes.append(f"round {i}: not every run ended within {slow.timeout_s:.0f} s")
@@ -204,19 +209,40 @@ def cluster_master_kill(cfg: ChaosConfig, times: int = 1, runs: int = 8, progres
                 result.fail(stale_run, "stream", "the frozen holder's run was never resumed by another worker")
             else:
                 result.latency("master kill -> frozen holder's run resumed", resumed - failover.kill_ms)
-            if not refused:
-                result.fail(stale_run, "zombie", "the frozen holder's write after the failover was not refused")
+            if not still_stopped:
+                result.fail(stale_run, "zombie", "the frozen holder was running again before the harness woke it")
+            # Its writes after the takeover never land (judge's history check: stale writes). Woken, it is
+            # refused by the epoch at its checkpoint A, or stops first because its Redis calls fail.
             lost = _lost_with_failover(on_victim, failover.kill_ms)
+            fenced_out += len(refused or []) + sum("refused" in how for how in lost.values())
             result.notes.append(
                 f"round {i}: master {victim} killed, {failover.promoted} promoted after "
                 f"{failover.promoted_after_ms or 0:.0f} ms; {len(on_victim)} of {len(in_flight)} runs in flight had "
                 f"their lease on it; taken over after the kill (ledger): {len(lost)}"
                 + "".join(f"\n  {run_id}: {how}" for run_id, how in lost.items())
                 + f"\n  stale holder {sorted(mine)} of {stale_run}: "
-                + ("refused (fence_rejected in the ledger)" if refused else "NOT refused"))
-            if failover.promoted is not None and refused and in_flight:
+                + ("refused (fence_rejected in the ledger)" if refused else
+                   "stopped without a write (its first calls after waking failed; nothing it wrote landed)"))
+            if failover.promoted is not None and lost:
                 result.acted += 1
+        if result.acted and not fenced_out:
+            result.fail(ids[0], "zombie", "no stale holder met the epoch in any round: the ledger shows no "
+                                          "fence_rejected after a master kill")
+        result.notes.append(f"stale writes refused by the epoch after the kills (fence_rejected): {fenced_out}")
     return result
+
+
+def _refusals(run_id: str, tokens: set[str]) -> list[str]:
+    """The fence rejections of holders `tokens` in the run's ledger."""
+    return [e.actor for e in ledger.history(run_id) if e.kind == "fence_rejected" and e.actor in tokens]
+
+
+def _stopped(pid: int) -> bool:
+    """Is process `pid` stopped (SIGSTOP) now?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def _lost_with_failover(run_ids: list[str], kill_ms: float) -> dict[str, str]:

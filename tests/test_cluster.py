@@ -244,3 +244,25 @@ def test_module_runs_the_shared_suites():
     here = {n for n, f in globals().items() if n.startswith("test_") and inspect.isfunction(f)}
     assert "test_acquire_is_exclusive_and_release_is_compare_and_delete" in here
     assert "test_admits_up_to_the_user_limit_then_refuses" in here
+
+
+# -- transactions: only ever within one slot -----------------------------------------------------------------
+def test_the_registrys_transactions_stay_in_one_slot(redis_client):
+    """The worker registry's MULTI/EXEC pipelines touch only {routing}-tagged keys: on a cluster they run
+    as transactions on one node (redis-py refuses a cross-slot one)."""
+    from fencing import registry
+
+    registry.beat("w1", {"queue": "q-w1", "concurrency": 2})
+    [record] = registry.all_workers()
+    assert (record.name, record.status, record.concurrency) == ("w1", "online", 2)
+    registry.routed("w1", "run-x", 3)
+    assert registry.mark_offline("w1", "gone") == [registry.pending_member("run-x", 3)]
+    assert registry.mark_offline("w1", "gone") is None, "offline already"
+    registry.routed("w1", "run-y", None)
+    assert registry.take_pending("w1") == [registry.pending_member("run-y", None)]
+    registry.defer("run-z", {"step": 1})
+    assert registry.deferred(10) == [("run-z", {"step": 1})]
+    registry.undefer(["run-z"])
+    assert registry.deferred_count() == 0
+    registry.forget("w1")
+    assert registry.all_workers() == []
