@@ -379,6 +379,9 @@ def poison(cfg: ChaosConfig, runs: int = 5, progress: Progress = print) -> Scena
     return result
 
 
+ROLLING_NODES = 3
+
+
 def rolling(cfg: ChaosConfig, runs: int = 12, progress: Progress = print) -> ScenarioResult:
     """Restart every worker in turn (SIGTERM, drain, start) under load: no run is interrupted or lost.
 
@@ -386,7 +389,7 @@ def rolling(cfg: ChaosConfig, runs: int = 12, progress: Progress = print) -> Sce
     with a batch of runs/3 submitted for it; a node that never holds one fails `did_nothing`."""
     result = ScenarioResult("rolling", {"runs": runs, "lease_ms": cfg.lease_ms})
     with _cluster(cfg) as (cluster, submit):
-        nodes = cluster.start(3)
+        nodes = cluster.start(ROLLING_NODES)
         ids: list[str] = []
         per = max(1, runs // len(nodes))
 
@@ -413,16 +416,20 @@ def rolling(cfg: ChaosConfig, runs: int = 12, progress: Progress = print) -> Sce
 
 
 def _wait_holding(node: WorkerNode, ids: list[str], more: Callable[[int], list[str]], timeout_s: float = 30,
-                  top_ups: int = 3) -> list[str]:
-    """Wait until `node` holds a step of one of `ids` in flight (a running row whose owner is its process);
-    when every run ended first, `more(n)` submits the n-th top-up (appended to `ids`). Returns the runs held."""
+                  top_ups: int = 6) -> list[str]:
+    """Wait until `node` holds a step of one of `ids` in flight (a running row whose owner is its process).
+    Meanwhile the load is kept up: while fewer of `ids` are unfinished than there are workers, `more(n)`
+    submits the n-th top-up (appended to `ids`). Under FENCED_ROUTING=reach a wake-up goes to the
+    best-scoring worker, not to whichever is free: one run at a time can keep going to the others while
+    `node` idles; with a run in flight on each of them, the idle `node` scores best. Returns the runs held."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = rows(ids)
         held = [r.run_id for r in found if r.state == "running" and node.owns(owner_pid(r.owner) or -1)]
         if held:
             return held
-        if top_ups and found and all(r.state in TERMINAL_STATES for r in found):
+        live = [r for r in found if r.state not in TERMINAL_STATES]
+        if top_ups and found and len(live) < ROLLING_NODES:
             top_ups -= 1
             ids += more(top_ups)
         time.sleep(0.02)

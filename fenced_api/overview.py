@@ -7,7 +7,11 @@ What it reads, and what that costs (nothing on the workers' hot path: no worker 
   ended runs, from where the hub last read each: the runs' own streams, so a takeover's `task_resumed`
   appears as its new holder appends it;
 - workers: fencing.overview.processes (fast takeover's registry, CLIENT LIST, each process's lease set)
-  every WORKERS_EVERY_S; per-state counts at most every WORKERS_EVERY_S while runs change (and every
+  every WORKERS_EVERY_S; the routing registry with each worker's score and factors (routing.view, the
+  computation `fenced workers` shows) every WORKERS_EVERY_S, pushed per worker that changed; the queue
+  watch (routing.queue_watch: length and lag of every queue, a warning past the threshold) and the
+  routing feed (those warnings, workers gone offline) into the live feed, every WORKERS_EVERY_S;
+  per-state counts at most every WORKERS_EVERY_S while runs change (and every
   SLOW_EVERY_S); dead letters every SLOW_EVERY_S (or at once when a run went dead).
 A client gets a snapshot, then only what changed. The hub runs while at least one client listens; its
 state is rebuilt from the stores when it starts, so a crashed or restarted API process loses nothing.
@@ -28,9 +32,10 @@ import structlog
 
 from checkpoints.db import transaction
 from checkpoints.schema import RUN_STATES, TERMINAL_STATES, run_checkpoints
-from fencing import overview
+from fencing import overview, registry
 from fencing.events import Event
-from tasks import service
+from routing import queue_watch, view
+from tasks import queues, service
 
 log = structlog.get_logger("fenced_api.overview")
 TICK_MS = 250  # the longest an event waits in Redis before the hub pushes it
@@ -52,6 +57,14 @@ def _row(r: Any) -> dict[str, Any]:
     row["query"] = row["query"][:300]
     row["lease_deadline_ms"] = None  # filled in by the hub from the lease's time left
     return row
+
+
+def routing_event(entry: dict[str, str]) -> dict[str, Any]:
+    """A routing feed entry (registry.FEED: a long queue, a queue back to normal, a worker offline) as a
+    live-feed item: no run, its kind as the type, its fields as the data."""
+    data = {k: v for k, v in entry.items() if k != "id"}
+    return {"run_id": "", "eid": entry["id"], "type": data.get("kind", "routing"), "step": 0, "epoch": 0,
+            "data": data, "stream_id": entry["id"], "at_ms": int(entry["id"].split("-")[0] or 0)}
 
 
 def event_dict(run_id: str, e: Event) -> dict[str, Any]:
@@ -91,6 +104,9 @@ class Hub:
         self.clients: set[Client] = set()
         self.runs: dict[str, dict[str, Any]] = {}
         self.workers: list[dict[str, Any]] = []
+        self.routing: dict[str, Any] = {}  # routing.view.snapshot(): policy, weights, workers with scores
+        self.queues: list[dict[str, Any]] = []  # the queue watch: length, lag, long per queue
+        self.feed_pos = "0-0"  # the last routing feed entry read
         self.dead_letters: list[dict[str, Any]] = []
         self.counters: dict[str, Any] = {}
         self.feed: deque[dict[str, Any]] = deque(maxlen=FEED_KEEP)
@@ -121,6 +137,7 @@ class Hub:
 
     def snapshot(self) -> dict[str, Any]:
         return {"type": "snapshot", "now_ms": _now(), "runs": list(self.runs.values()), "workers": self.workers,
+                "routing": self.routing, "queues": self.queues,
                 "feed": list(self.feed), "dead_letters": self.dead_letters, "counters": self.counters}
 
     def _send(self, message: dict[str, Any]) -> None:
@@ -148,8 +165,13 @@ class Hub:
         self.positions = overview.newest_id(ids)
         recent = overview.recent(ids, 10)
         feed = sorted((event_dict(r, e) for r, evs in recent.items() for e in evs), key=_order)
+        warnings = registry.feed(20)
+        self.feed_pos = warnings[0]["id"] if warnings else "0-0"
+        feed = sorted(feed + [routing_event(w) for w in warnings], key=_order)
         self.feed = deque(feed[-FEED_KEEP:], maxlen=FEED_KEEP)
         self.workers = self._workers()
+        self.routing = view.snapshot()
+        self.queues = self._queues()
         self.dead_letters = self._dead_letters()
         self.counters = self._counters()
 
@@ -189,6 +211,7 @@ class Hub:
             if workers != self.workers:
                 self.workers = workers
                 self._send({"type": "workers", "now_ms": _now(), "workers": workers})
+            self._routing()
         if changed or found:
             self.stale = True  # the counts moved: recount at the next workers' round, not every tick
         slow = now >= self.next_slow or any(r["state"] == "dead" for r in changed)
@@ -277,6 +300,35 @@ class Hub:
 
     def _workers(self) -> list[dict[str, Any]]:
         return [asdict(p) for p in overview.processes()]
+
+    def _routing(self) -> None:
+        """The registry's workers scored now: only the workers whose score, factors or fields changed (and
+        the ones gone) are pushed; then the queue watch and the routing feed's new entries."""
+        new = view.snapshot()
+        old = {w["name"]: w for w in self.routing.get("workers", [])}
+        names = {w["name"] for w in new["workers"]}
+        changed = [w for w in new["workers"] if old.get(w["name"]) != w]
+        gone = [n for n in old if n not in names]
+        head = {k: v for k, v in new.items() if k not in ("workers", "at_ms")}
+        if changed or gone or head != {k: v for k, v in self.routing.items() if k not in ("workers", "at_ms")}:
+            self._send({"type": "routing", "now_ms": _now(), **head, "order": [w["name"] for w in new["workers"]],
+                        "workers": changed, "gone": gone})
+        self.routing = new
+        states = self._queues()
+        if states != self.queues:
+            self.queues = states
+            self._send({"type": "queues", "now_ms": _now(), "queues": states})
+        entries = registry.feed_after(self.feed_pos)
+        if entries:
+            self.feed_pos = entries[-1]["id"]
+            out = [routing_event(e) for e in entries]
+            self.feed.extend(out)
+            self._send({"type": "events", "events": out})
+
+    def _queues(self) -> list[dict[str, Any]]:
+        """The queue watch from this process (a crossing raises or clears its warning on the routing feed)."""
+        states, _raised, _cleared = queue_watch.watch(queues.ALL)
+        return [asdict(st) for st in states]
 
     def _dead_letters(self) -> list[dict[str, Any]]:
         return [{"run_id": d.run_id, "step": d.step, "reason": d.reason, "attempts": len(d.attempts),

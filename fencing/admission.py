@@ -16,7 +16,7 @@ import structlog
 
 from fenced_core.errors import AdmissionRefused
 from fenced_core.settings import get_settings, safe_url
-from fencing import keys, scripts
+from fencing import keys, registry, scripts
 from fencing.broker import get_broker_redis, shares_redis
 from fencing.connection import get_redis
 from fencing.lease import now_ms
@@ -52,14 +52,27 @@ class Admission:
 
 def _backlog_inputs(queues: Sequence[str]) -> tuple[list[str], int]:
     """The broker queue keys admit.lua counts itself, or, when the broker is another Redis (which a
-    script cannot read), no keys and their lengths counted just before (a little less exact)."""
+    script cannot read), no keys and their lengths counted just before (a little less exact); and the
+    backlog counted outside the script.
+
+    Under FENCED_ROUTING=reach first wake-ups wait in the workers' own queues or nowhere (deferred: no
+    worker qualified), not in `queues`: the own queue of every worker not offline joins the lists
+    counted, and the deferred wake-ups the outside count (one more round trip, to fenced's Redis). Both
+    also hold continuations and rescues (a wake-up does not say which it is): the backlog then counts
+    a little more than runs waiting to start, never less."""
+    s = get_settings()
     list_keys = [keys.broker_queue(q) for q in queues]
+    outside = 0
+    if s.routing == "reach":
+        own, deferred = registry.routed_backlog(registry.now_ms() - registry.offline_after_ms())
+        list_keys += [keys.broker_queue(q) for q in own]
+        outside = deferred
     if shares_redis():
-        return list_keys, 0
+        return list_keys, outside
     pipe = get_broker_redis().pipeline(transaction=False)
     for key in list_keys:
         pipe.llen(key)
-    return [], sum(pipe.execute())
+    return [], outside + sum(pipe.execute())
 
 
 def _admit_call(run_id: str, user_id: str, list_keys: list[str], outside: int, now: int) -> Any:

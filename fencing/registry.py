@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fenced_core.settings import get_settings
 from fencing import keys
 from fencing.broker import get_broker_redis
 from fencing.connection import get_redis
@@ -24,7 +25,10 @@ DEFERRED_INFO = f"{keys.PREFIX}:{TAG}:deferred-info"  # HASH run_id -> JSON {ste
 SCAN_LOCK = f"{keys.PREFIX}:{TAG}:scan-lock"  # one registry scan per interval across workers
 FEED = f"{keys.PREFIX}:{TAG}:feed"  # STREAM of routing warnings (queue too long, worker offline), capped
 FEED_KEEP = 1_000
+QUEUE_LONG = f"{keys.PREFIX}:{TAG}:queue-long"  # HASH queue -> JSON of its warning: the queues over the threshold now
+QUEUE_WARNINGS = f"{keys.PREFIX}:{TAG}:queue-warnings"  # HASH queue -> warnings raised so far (a counter)
 OFFLINE_KEEP_MS = 24 * 3_600_000  # offline workers stay listed this long, then go
+OWN_QUEUE_PREFIX = "agents.w."  # a worker's own queue under `reach`: agents.w.<node name>
 
 
 def worker(name: str) -> str:
@@ -44,6 +48,12 @@ def pending(name: str) -> str:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def offline_after_ms() -> int:
+    """A worker whose last beat is older than this is offline: 3 heartbeat periods plus the clock skew."""
+    s = get_settings()
+    return 3 * s.routing_heartbeat_ms + s.routing_skew_ms
 
 
 @dataclass
@@ -270,6 +280,17 @@ def deferred_count() -> int:
     return int(get_redis().zcard(DEFERRED))
 
 
+def routed_backlog(beat_after_ms: int) -> tuple[list[str], int]:
+    """Where wake-ups wait under `reach`, for admission's backlog, in one round trip: the own queue of every
+    worker that beat after `beat_after_ms` (an offline one's leftovers were rerouted: stale, not waiting)
+    and how many wake-ups are deferred (no worker qualified). O(log n + workers)."""
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.zrangebyscore(WORKERS, beat_after_ms, "+inf")
+    pipe.zcard(DEFERRED)
+    names, count = pipe.execute()
+    return [OWN_QUEUE_PREFIX + n for n in names], int(count)
+
+
 def try_scan_lock(token: str, interval_ms: int) -> bool:
     """True for the one process that scans in this interval."""
     return bool(get_redis().set(SCAN_LOCK, token, nx=True, px=interval_ms))
@@ -284,6 +305,48 @@ def feed(count: int = 50) -> list[dict[str, str]]:
     """The newest `count` routing warnings, newest first."""
     entries: list[tuple[str, dict[str, str]]] = get_redis().xrevrange(FEED, count=count)  # type: ignore[assignment]
     return [{"id": eid, **data} for eid, data in entries]
+
+
+def feed_after(after_id: str, count: int = 200) -> list[dict[str, str]]:
+    """Routing warnings added after stream id `after_id` (exclusive), oldest first."""
+    entries: list[tuple[str, dict[str, str]]] = get_redis().xrange(  # type: ignore[assignment]
+        FEED, min=f"({after_id}", max="+", count=count)
+    return [{"id": eid, **data} for eid, data in entries]
+
+
+def queue_long_raise(queue: str, event: Mapping[str, Any]) -> bool:
+    """Mark `queue` over the warning threshold. True for the one caller that marked it (its warning then
+    goes to the feed and is counted); False when it was marked already (several watchers, one warning)."""
+    client = get_redis()
+    if not client.hsetnx(QUEUE_LONG, queue, json.dumps(dict(event))):
+        return False
+    pipe = client.pipeline(transaction=False)
+    pipe.xadd(FEED, {k: str(v) for k, v in event.items()}, maxlen=FEED_KEEP, approximate=True)
+    pipe.hincrby(QUEUE_WARNINGS, queue, 1)
+    pipe.execute()
+    return True
+
+
+def queue_long_clear(queue: str, event: Mapping[str, Any]) -> bool:
+    """Unmark `queue` (back under the threshold); True for the one caller that unmarked it (its event
+    then goes to the feed)."""
+    client = get_redis()
+    if not client.hdel(QUEUE_LONG, queue):
+        return False
+    warn(event)
+    return True
+
+
+def queues_long() -> dict[str, dict[str, Any]]:
+    """The queues marked over the threshold now, with the warning that marked them."""
+    raw: dict[str, str] = get_redis().hgetall(QUEUE_LONG)  # type: ignore[assignment]
+    return {q: json.loads(v) for q, v in raw.items()}
+
+
+def queue_warnings() -> dict[str, int]:
+    """How many long-queue warnings each queue raised (since Redis last lost its data)."""
+    raw: dict[str, str] = get_redis().hgetall(QUEUE_WARNINGS)  # type: ignore[assignment]
+    return {q: int(n) for q, n in raw.items()}
 
 
 def queue_depths(queues: Iterable[str]) -> dict[str, tuple[int, int | None]]:

@@ -10,9 +10,10 @@ from typing import Any
 
 from fenced_core.settings import get_settings
 from fencing import registry
-from routing.score import Candidate, candidate, ranked
+from routing import view
+from routing.score import Candidate
 
-QUEUE_PREFIX = "agents.w."  # a worker's own queue: agents.w.<node name>
+QUEUE_PREFIX = registry.OWN_QUEUE_PREFIX  # a worker's own queue: agents.w.<node name>
 
 
 def reach() -> bool:
@@ -82,10 +83,9 @@ def _describe(c: Candidate) -> str:
 
 
 def candidates(now_ms: int | None = None) -> list[Candidate]:
-    """Every registered worker scored now, best first (qualified ones before the rest)."""
-    s = get_settings()
-    now = registry.now_ms() if now_ms is None else now_ms
-    return ranked([candidate(w, now, s) for w in registry.all_workers()])
+    """Every registered worker scored now, best first (qualified ones before the rest): routing.view's
+    computation, the one `fenced workers` and the dashboard show."""
+    return [w.routing for w in view.scored(now_ms)]
 
 
 def choose(prefer: str | None = None) -> Decision:

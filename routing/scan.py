@@ -12,21 +12,17 @@ import structlog
 from fenced_core.settings import get_settings
 from fencing import registry
 from fencing.connection import CLIENT_NAME_PREFIX, get_redis, process_token
-from routing import policy
+from routing import policy, queue_watch
 
 log = structlog.get_logger("routing.scan")
 # send(run_id, step, reason, kind): a wake-up through tasks.wakeup.send (routed again under `reach`)
 Resend = Callable[[str, int | None, str, str], None]
 DEFERRED_BATCH = 100
 MISSES_TO_OFFLINE = 2  # scans in a row without a Redis connection of the worker's process
-WARN_EVERY_MS = 60_000
 SUSPECTS = f"{registry.keys.PREFIX}:{registry.TAG}:suspects"  # HASH worker -> scans without a connection
 
 
-def offline_after_ms() -> int:
-    """A worker whose last beat is older than this is offline: 3 heartbeat periods plus the clock skew."""
-    s = get_settings()
-    return 3 * s.routing_heartbeat_ms + s.routing_skew_ms
+offline_after_ms = registry.offline_after_ms
 
 
 @dataclass
@@ -113,15 +109,5 @@ def _route_deferred(resend: Resend, out: ScanResult) -> None:
 
 
 def _watch_queues(shared_queues: Iterable[str], out: ScanResult) -> None:
-    s = get_settings()
-    queues = list(shared_queues) + [w.queue for w in registry.all_workers() if w.queue and w.status != "offline"]
-    for queue, (length, lag_ms) in registry.queue_depths(queues).items():
-        if length <= s.routing_queue_warn:
-            continue
-        if not get_redis().set(f"{registry.keys.PREFIX}:{registry.TAG}:warned:{queue}", "1", nx=True,
-                               px=WARN_EVERY_MS):
-            continue
-        out.warnings.append(queue)
-        log.warning("queue_long", queue=queue, length=length, lag_ms=lag_ms, threshold=s.routing_queue_warn)
-        registry.warn({"kind": "queue_long", "queue": queue, "length": length,
-                       "lag_ms": "" if lag_ms is None else lag_ms, "threshold": s.routing_queue_warn})
+    _states, raised, _cleared = queue_watch.watch(shared_queues)
+    out.warnings.extend(raised)

@@ -36,6 +36,8 @@ from checkpoints.db import transaction
 from checkpoints.schema import RUN_STATES, run_checkpoints
 from fenced_core.settings import get_settings
 from fencing import metrics as redis_metrics
+from fencing import registry
+from routing import queue_watch
 from tasks import hooks, queues
 from tasks.explain import takeover_cause
 
@@ -97,10 +99,7 @@ class ClusterCollector(Collector):
         try:
             g = redis_metrics.read_gauges(queues.ALL)
             up.add_metric(["redis"], 1)
-            depth = GaugeMetricFamily("fenced_queue_depth", "Undelivered wake-ups per broker queue", labels=["queue"])
-            for name, n in g.queue_depth.items():
-                depth.add_metric([name], n)
-            yield depth
+            yield from _queue_metrics()
             yield GaugeMetricFamily("fenced_admitted_unsent", "Runs admitted whose first wake-up is not sent yet",
                                     value=g.admitted_unsent)
             yield GaugeMetricFamily("fenced_dead_letter_stream_entries", "Entries in the capped dead-letter stream",
@@ -115,6 +114,34 @@ class ClusterCollector(Collector):
             log.warning("metrics_store_read_failed", store="redis", error=repr(exc))
             up.add_metric(["redis"], 0)
         yield up
+
+
+def _queue_metrics() -> Iterator[Metric]:
+    """Length, lag and warning state of every watched queue (the shared ones, each live worker's own),
+    through routing's queue watch: a scrape that sees a queue cross the threshold raises (or clears)
+    its warning on the live feed, once however many processes watch."""
+    threshold = get_settings().routing_queue_warn
+    states, _raised, _cleared = queue_watch.watch(queues.ALL)
+    depth = GaugeMetricFamily("fenced_queue_depth", "Undelivered wake-ups per broker queue (the shared queues and "
+                              "each live worker's own)", labels=["queue"])
+    lag = GaugeMetricFamily("fenced_queue_lag_seconds", "How long the oldest undelivered wake-up of the queue "
+                            "has waited (0 when it is empty)", labels=["queue"])
+    long = GaugeMetricFamily("fenced_queue_long", f"1 while the queue is over FENCED_ROUTING_QUEUE_WARN messages "
+                             f"(cleared at {queue_watch.CLEAR_RATIO:g} of it)", labels=["queue"])
+    for st in states:
+        depth.add_metric([st.queue], st.length)
+        lag.add_metric([st.queue], (st.lag_ms or 0) / 1000)
+        long.add_metric([st.queue], 1 if st.long else 0)
+    yield depth
+    yield lag
+    yield long
+    yield GaugeMetricFamily("fenced_queue_warn_threshold", "FENCED_ROUTING_QUEUE_WARN: the length a queue "
+                            "warns past", value=threshold)
+    warnings = CounterMetricFamily("fenced_queue_long_warnings", "Long-queue warnings raised on the live feed "
+                                   "(cluster-wide, kept in Redis)", labels=["queue"])
+    for name, n in sorted(registry.queue_warnings().items()):
+        warnings.add_metric([name], n)
+    yield warnings
 
 
 def _runs_by_state() -> dict[str, int]:

@@ -65,18 +65,38 @@ class RoutingStep(bootsteps.StartStopStep):
         self.ref = worker.timer.call_repeatedly(s.routing_scan_ms / 1000, _scan_tick)
 
     def stop(self, worker: Any) -> None:
+        """The start of a warm shutdown (Celery stops this step before the pool drains): no more scans
+        here, and what waits in our queue goes elsewhere at once (nothing more is consumed here). The
+        heartbeat keeps beating `draining` with the true running count until the steps in flight end;
+        `_stopped` (worker_shutdown, after the pool drained) marks the worker offline."""
         if self.ref is not None:
             self.ref.cancel()
             self.ref = None
         if self.heartbeat is not None:
-            self.heartbeat.stop()
-            try:  # a warm stop: nothing more is consumed here, so what waits in our queue goes elsewhere
-                for member in registry.mark_offline(self.heartbeat.name, "stopped") or []:
-                    run_id, _, step = member.partition("|")
-                    wakeup.send(run_id, int(step) if step else None, "reroute")
-            except Exception as exc:  # the scan or the sweeper does it
-                log.warning("registry_stop_failed", worker=self.heartbeat.name, error=repr(exc))
+            _state["heartbeat"] = self.heartbeat
+            _mark_draining(self.heartbeat.name)  # said already on SIGTERM; not on every way to a stop
+            _reroute(self.heartbeat.name, registry.take_pending)
             self.heartbeat = None
+
+
+def _reroute(name: str, take: Callable[[str], list[str] | None]) -> None:
+    try:
+        for member in take(name) or []:
+            run_id, _, step = member.partition("|")
+            wakeup.send(run_id, int(step) if step else None, "reroute")
+    except Exception as exc:  # the scan or the sweeper does it
+        log.warning("registry_stop_failed", worker=name, error=repr(exc))
+
+
+@signals.worker_shutdown.connect
+def _stopped(**_: Any) -> None:
+    """After a warm shutdown drained the pool: stop beating, mark the worker offline and reroute what a
+    racing router sent it meanwhile. (A cold shutdown or a kill never gets here: the scan sees the
+    process's Redis connections gone.)"""
+    heartbeat: Heartbeat | None = _state.pop("heartbeat", None)
+    if heartbeat is not None:
+        heartbeat.stop()
+        _reroute(heartbeat.name, lambda name: registry.mark_offline(name, "stopped"))
 
 
 def _running() -> int | None:
@@ -100,13 +120,17 @@ def _scan_tick() -> None:
 @signals.worker_shutting_down.connect
 def _draining(**_: Any) -> None:
     """SIGTERM: no new wake-ups are routed here while the steps in flight drain."""
-    _state["status"] = "draining"  # the heartbeat keeps saying so while the steps in flight drain
     node = policy.this_node()
     if node:
-        try:
-            registry.set_status(node, "draining")
-        except Exception as exc:
-            log.warning("registry_drain_mark_failed", worker=node, error=repr(exc))
+        _mark_draining(node)
+
+
+def _mark_draining(node: str) -> None:
+    _state["status"] = "draining"  # the heartbeat keeps saying so while the steps in flight drain
+    try:
+        registry.set_status(node, "draining")
+    except Exception as exc:
+        log.warning("registry_drain_mark_failed", worker=node, error=repr(exc))
 
 
 def _guard(what: str, fn: Callable[[], None]) -> None:

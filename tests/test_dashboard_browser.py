@@ -8,6 +8,7 @@ a test run leaves the tree as it found it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -48,9 +49,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def api(mysql_store: str, tmp_path: Path) -> Iterator[str]:
-    """A real `uvicorn fenced_api.app:create_app` process on a free port; its base URL."""
+@contextlib.contextmanager
+def serve_api(tmp_path: Path) -> Iterator[str]:
+    """A real `uvicorn fenced_api.app:create_app` process on a free port (this process's environment); its base URL."""
     port = _free_port()
     log = open(tmp_path / "api.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "fenced_api.app:create_app", "--factory",
@@ -76,6 +77,12 @@ def api(mysql_store: str, tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture
+def api(mysql_store: str, tmp_path: Path) -> Iterator[str]:
+    with serve_api(tmp_path) as base:
+        yield base
 
 
 @pytest.fixture
@@ -257,3 +264,73 @@ def test_overview_needs_an_admin_key_and_a_run_page_is_the_callers(api, browser)
     assert "someone else's run" not in browser.find_element(By.TAG_NAME, "body").text
     answer = httpx.get(f"{api}/api/dashboard/runs/{theirs}", headers={"Authorization": f"Bearer {key}"})
     assert answer.status_code == 404, answer.text
+
+
+# -- routing (issue 14): the worker panel's live scores, and why a run went where it went ----------------
+
+def routing_rows(driver: Any) -> dict[str, dict[str, str]]:
+    """The routing table: worker name -> its cells by column (and its row's classes)."""
+    names = ["worker", "status", "score", "freshness", "speed", "load", "success", "qualifies"]
+    out = {}
+    for tr in driver.find_elements(By.CSS_SELECTOR, "#routing tbody tr"):
+        cells = dict(zip(names, (td.text for td in tr.find_elements(By.TAG_NAME, "td")), strict=True))
+        out[tr.get_attribute("data-worker")] = {**cells, "class": tr.get_attribute("class")}
+    return out
+
+
+def test_dashboard_shows_each_workers_routing_score_live(settings_env, workers, mysql_store, tmp_path, browser):
+    """Under FENCED_ROUTING=reach (short registry intervals: offline 2 s after the last beat): the routing
+    panel lists both workers with their score and four factors, as pushed by the overview socket; they
+    change as the workers run steps, a frozen worker turns offline and not qualified, and comes back
+    when it thaws; a run's page answers why it went to its worker."""
+    import re
+
+    from tasks import submit_run
+
+    settings_env(routing="reach", routing_heartbeat_ms=500, routing_scan_ms=250, max_runs_per_user=100)
+    key = api_keys.issue("ops", admin=True)
+    workers.start("a")
+    frozen = workers.start("b")
+    with serve_api(tmp_path) as base:
+        use_key(browser, base, key)
+        until(browser, "the overview to go live", lambda: browser.find_element(By.ID, "live-status").text == "live")
+        rows = until(browser, "both workers scored and qualified",
+                     lambda: (r := routing_rows(browser)) and len(r) == 2
+                     and all(x["qualifies"] == "yes" for x in r.values()) and r)
+        node_b = next(n for n in rows if n.startswith("b@"))
+        assert "policy reach, threshold 0.3" in read(browser, "#routing-policy")
+        for row in rows.values():
+            assert 0.3 <= float(row["score"]) <= 1.0, row
+            assert re.fullmatch(r"\d\.\d\d \(\d+\.\d s\)", row["freshness"]), row
+            assert re.fullmatch(r"\d\.\d\d \(\d+ running \+ \d+ queued\)", row["load"]), row
+            assert row["status"] == "online" and "not-qualified" not in row["class"], row
+
+        # Runs go to both (the idle one scores higher): each worker's speed factor now has a step behind it.
+        ids = [submit_run(f"u{i}", "buy headphones") for i in range(6)]
+        wait_terminal(ids, timeout=60)
+        rows = until(browser, "each worker's average step time shown",
+                     lambda: (r := routing_rows(browser)) and all("no step yet" not in x["speed"] for x in r.values())
+                     and r, 15)
+        assert all(re.fullmatch(r"0\.\d\d \(\d+\.\d\d s\)", x["speed"]) for x in rows.values()), rows
+
+        # Frozen: its freshness decays, then the scan marks it offline; the page says it no longer qualifies.
+        frozen.kill(signal.SIGSTOP)
+        try:
+            row = until(browser, "the frozen worker offline and not qualified",
+                        lambda: (r := routing_rows(browser).get(node_b)) and r["status"] == "offline" and r, 15)
+            assert row["qualifies"] == "no: offline" and "not-qualified" in row["class"], row
+            assert float(row["freshness"].split()[0]) < 0.05, row  # over 3 periods without a beat
+            browser.save_screenshot(str(SHOTS / "dashboard-routing.png"))
+        finally:
+            frozen.kill(signal.SIGCONT)
+        until(browser, "the thawed worker online and qualified again",
+              lambda: (r := routing_rows(browser).get(node_b)) and r["status"] == "online" and r["qualifies"] == "yes",
+              15)
+
+        # A run's page says why it went to the worker it went to (the `routed` ledger entries, via explain).
+        browser.get(f"{base}/dashboard#/run/{ids[0]}")
+        why = until(browser, "the routing answer on the run page",
+                    lambda: browser.find_element(By.CSS_SELECTOR, '#explain div[data-topic="routed"]').text)
+        assert "Why did it go to the worker it went to?" in why, why
+        assert re.search(r"submit wake-up for step current routed to [ab]@\S+ \(score \d\.\d\d: freshness", why), why
+        assert "continuation wake-up" in why, why

@@ -164,6 +164,54 @@ def test_a_long_queue_warns_once_on_the_feed(redis_client, settings_env):
     assert scan.scan(_resend, ["agents"], force=True).warnings == [], "once a minute, not every scan"
 
 
+def test_a_long_queue_clears_once_drained_and_warns_again_on_the_next_crossing(redis_client, settings_env):
+    settings_env(routing_queue_warn=4)
+    client = get_redis()
+    for _ in range(5):
+        client.lpush("agents", json.dumps({"headers": {"fenced_sent_ms": registry.now_ms()}}))
+    assert scan.scan(_resend, ["agents"], force=True).warnings == ["agents"]
+    assert registry.queues_long().keys() == {"agents"}
+    # A watcher that read the marks just before this one marked it: its raise finds the mark, says nothing.
+    assert registry.queue_long_raise("agents", {"kind": "queue_long", "queue": "agents"}) is False
+    assert registry.queue_warnings() == {"agents": 1}
+    client.rpop("agents", 1)  # 4: at the threshold, over 3/4 of it: still long (no flapping)
+    scan.scan(_resend, ["agents"], force=True)
+    assert registry.feed()[0]["kind"] == "queue_long" and registry.queues_long().keys() == {"agents"}
+    client.rpop("agents", 1)  # 3: cleared
+    scan.scan(_resend, ["agents"], force=True)
+    cleared = registry.feed()[0]
+    assert (cleared["kind"], cleared["queue"], cleared["length"]) == ("queue_ok", "agents", "3")
+    assert registry.queues_long() == {}
+    for _ in range(2):
+        client.lpush("agents", json.dumps({"headers": {"fenced_sent_ms": registry.now_ms()}}))
+    assert scan.scan(_resend, ["agents"], force=True).warnings == ["agents"], "a new crossing warns again"
+    assert registry.queue_warnings() == {"agents": 2}
+
+
+def test_under_reach_admission_counts_the_workers_own_queues_and_the_deferred_runs(mysql_store, settings_env):
+    """The global backlog (max_queued_runs) counts where first wake-ups wait: the shared queues under
+    `shared`; under `reach` the own queue of every worker not offline and the deferred wake-ups."""
+    from fenced_core.errors import AdmissionRefused
+
+    settings_env(routing="reach", max_queued_runs=3, max_runs_per_user=100)
+    client = get_redis()
+    deferred = [submit_run(f"d{i}", "buy headphones") for i in range(3)]  # nobody registered: all deferred
+    assert registry.deferred_count() == 3 and client.llen("agents") == 0
+    with pytest.raises(AdmissionRefused) as refused:
+        submit_run("d3", "buy headphones")
+    assert refused.value.limit == "global" and "3 runs are waiting" in str(refused.value)
+    registry.undefer(deferred)  # as if the scan had routed them and a worker had taken them
+    _beat("w1@h")
+    routed = [submit_run(f"r{i}", "buy headphones") for i in range(3)]
+    assert client.llen(policy.queue_of("w1@h")) == 3
+    with pytest.raises(AdmissionRefused):
+        submit_run("r3", "buy headphones")
+    # A worker gone offline: its leftovers were rerouted, its queue is stale, not waiting.
+    client.zadd(registry.WORKERS, {"w1@h": registry.now_ms() - scan.offline_after_ms() - 1})
+    _beat("w2@h")
+    assert submit_run("r4", "buy headphones") not in routed
+
+
 # -- real workers --------------------------------------------------------------------------------------
 
 def _routed(run_ids: list[str]) -> list[ledger.Entry]:
@@ -326,22 +374,36 @@ def test_a_beat_prunes_queued_entries_whose_messages_are_gone(redis_client, sett
 
 
 def test_a_draining_worker_keeps_saying_so_and_gets_no_new_runs(workers, settings_env):
+    """SIGTERM marks a worker draining; its heartbeat keeps saying so (it would make it online again
+    otherwise) for as long as its last step runs, and nothing is routed to it meanwhile. The step is long
+    (4 s, 8 beats) and the test fails if the worker stopped before the window it watches ended, so an
+    early offline mark cannot stand in for a draining one."""
     settings_env(**FAST, max_runs_per_user=100)
     workers.start("a")
-    leaving = workers.start("b", FENCED_STUB_STEP_MS="1500")
+    leaving = workers.start("b", FENCED_STUB_STEP_MS="4000")
     node = wait_for(lambda: next((w.name for w in registry.all_workers() if w.name.startswith("b@")), None), 10,
                     "b to register")
     first = [submit_run(f"f{i}", "buy headphones") for i in range(4)]
     wait_for(lambda: next((w for w in registry.all_workers() if w.name == node and w.running), None), 20,
              "a run in flight on b")
     leaving.kill(signal.SIGTERM)
-    wait_for(lambda: get_redis().hget(registry.worker(node), "status") in ("draining", "offline"), 10, "b draining")
+    wait_for(lambda: get_redis().hget(registry.worker(node), "status") == "draining", 5, "b draining")
     since = registry.now_ms()
-    time.sleep(1.2)  # two of b's beats: they must not make it online again
-    assert get_redis().hget(registry.worker(node), "status") in ("draining", "offline")
-    more = [submit_run(f"m{i}", "buy headphones") for i in range(4)]
+    seen, more = [], []
+    while registry.now_ms() - since < 2_000:  # four of b's beats: none may make it online again
+        seen.append(get_redis().hget(registry.worker(node), "status"))
+        if len(more) < 4 and len(seen) % 4 == 0:
+            more.append(submit_run(f"m{len(more)}", "buy headphones"))
+        time.sleep(0.1)
+    assert leaving.alive, "b stopped before the window ended: the test proved nothing"
+    beats = int(get_redis().hget(registry.worker(node), "beat_ms") or 0)
+    assert beats > since + 500, "b stopped beating while it drained"
+    assert set(seen) == {"draining"}, Counter(seen)
     wait_terminal(first + more, timeout=90)
     assert all(e.detail["worker"] != node for e in _routed(first + more) if e.at_ms > since)
+    status = wait_for(lambda: (lambda h: h if h.get("status") == "offline" else None)(
+        get_redis().hgetall(registry.worker(node))), 15, "b offline once drained")
+    assert status["offline_reason"] == "stopped", status  # said by b itself, not by the scan
 
 
 def test_a_prefork_worker_registers_routes_and_counts_its_steps(workers, settings_env):

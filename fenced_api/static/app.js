@@ -64,13 +64,20 @@ function describe(ev) {
     case "run_failed": return "failed (" + (d.error_class || "") + "): " + (d.error || "");
     case "run_dead": return "dead-lettered: " + (d.reason || JSON.stringify(d));
     case "run_cancelled": return "cancelled";
+    case "queue_long": return "WARNING: queue " + d.queue + " holds " + d.length + " messages (over " + d.threshold +
+      ")" + (d.lag_ms !== "" && d.lag_ms !== undefined ? ", the oldest waiting " + (Number(d.lag_ms) / 1000).toFixed(1) + " s" : "");
+    case "queue_ok": return "queue " + d.queue + " back to " + (d.length === "" ? "not watched" : d.length + " messages") +
+      " (threshold " + d.threshold + ")";
+    case "worker_offline": return "worker " + d.worker + " offline: " + d.reason + " (" + d.rerouted + " wake-ups rerouted)";
     default: return ev.type + " " + JSON.stringify(d);
   }
 }
 
 function eventItem(ev, withRun) {
-  return el("li", { class: ev.type, "data-eid": ev.eid, "data-type": ev.type },
-    when(ev.at_ms || Number(String(ev.stream_id || ev.id || "0").split("-")[0])), " ",
+  const at = when(ev.at_ms || Number(String(ev.stream_id || ev.id || "0").split("-")[0]));
+  if (!ev.run_id && withRun)  // a routing warning (long queue, queue back to normal, worker offline): no run
+    return el("li", { class: ev.type, "data-eid": ev.eid, "data-type": ev.type }, at, " routing ", describe(ev));
+  return el("li", { class: ev.type, "data-eid": ev.eid, "data-type": ev.type }, at, " ",
     withRun ? runLink(ev.run_id) : null, withRun ? " " : null,
     "e" + ev.epoch + " s" + ev.step + " ", describe(ev));
 }
@@ -80,7 +87,8 @@ function fill(tbody, rows) {
 }
 
 // -- the overview: one WebSocket, a snapshot then increments ------------------------------------------
-const ov = { ws: null, ping: null, retry: null, skew: 0, runs: new Map(), workers: [], feed: [], dead: [], counters: {} };
+const ov = { ws: null, ping: null, retry: null, skew: 0, runs: new Map(), workers: [], feed: [], dead: [], counters: {},
+  routing: {}, scored: new Map(), order: [], queues: [] };
 
 function connectOverview() {
   if (ov.ws || !key()) return;
@@ -129,6 +137,9 @@ function applyOverview(msg) {
       setStatus($("live-status"), true, "live");
       ov.runs = new Map(msg.runs.map((r) => [r.run_id, r]));
       ov.workers = msg.workers; ov.feed = msg.feed; ov.dead = msg.dead_letters; ov.counters = msg.counters;
+      ov.routing = msg.routing || {}; ov.queues = msg.queues || [];
+      ov.scored = new Map((ov.routing.workers || []).map((w) => [w.name, w]));
+      ov.order = (ov.routing.workers || []).map((w) => w.name);
       renderOverview();
       break;
     case "runs":
@@ -143,6 +154,15 @@ function applyOverview(msg) {
       break;
     }
     case "workers": ov.workers = msg.workers; renderWorkers(); break;
+    case "routing":  // the workers whose score or fields changed, the ones gone, and the order now
+      for (const w of msg.workers) ov.scored.set(w.name, w);
+      for (const name of msg.gone || []) ov.scored.delete(name);
+      ov.order = msg.order;
+      Object.assign(ov.routing, { policy: msg.policy, threshold: msg.threshold, weights: msg.weights,
+        load_per_slot: msg.load_per_slot, queue_warn: msg.queue_warn });
+      renderRouting();
+      break;
+    case "queues": ov.queues = msg.queues; renderQueues(); break;
     case "dead_letters": ov.dead = msg.dead_letters; renderDead(); break;
     case "counters": ov.counters = msg.counters; renderCounters(); break;
     case "error": setStatus($("live-status"), false, "store error: " + msg.error); break;
@@ -150,7 +170,39 @@ function applyOverview(msg) {
   }
 }
 
-function renderOverview() { renderCounters(); renderWorkers(); renderRuns(); renderFeed(); renderDead(); }
+function renderOverview() {
+  renderCounters(); renderWorkers(); renderRouting(); renderQueues(); renderRuns(); renderFeed(); renderDead();
+}
+
+// The routing registry as `fenced workers` shows it (routing.view on the server: one computation).
+function renderRouting() {
+  const r = ov.routing, w8 = r.weights || {};
+  $("routing-policy").textContent = r.policy ? "policy " + r.policy + ", threshold " + r.threshold + "; score = " +
+    w8.freshness + " × freshness + " + w8.speed + " × speed + " + w8.load + " × load" +
+    (r.load_per_slot ? " (per slot)" : "") + " + " + w8.success + " × success" : "";
+  const f2 = (x) => Number(x).toFixed(2);
+  fill($("routing").tBodies[0], ov.order.filter((n) => ov.scored.has(n)).map((name) => {
+    const w = ov.scored.get(name), c = w.routing;
+    const avg = c.avg_step_ms === null ? "no step yet" : (c.avg_step_ms / 1000).toFixed(2) + " s";
+    return el("tr", { "data-worker": name, class: (c.qualified ? "qualified " : "not-qualified ") + c.status },
+      el("td", { class: "mono", title: (w.host || "") + ":" + (w.pid || "") }, name),
+      el("td", { class: "status" }, c.status),
+      el("td", { class: "score" }, f2(c.score)),
+      el("td", { class: "freshness" }, f2(c.freshness) + " (" + (c.age_ms / 1000).toFixed(1) + " s)"),
+      el("td", { class: "speed" }, f2(c.speed) + " (" + avg + ")"),
+      el("td", { class: "load" }, f2(c.load) + " (" + c.running + " running + " + c.queued + " queued)"),
+      el("td", { class: "success" }, f2(c.success)),
+      el("td", { class: "qualifies" }, c.qualified ? "yes" : "no: " + c.why_not));
+  }));
+}
+
+function renderQueues() {
+  $("queues-threshold").textContent = ov.routing.queue_warn ? "a warning past " + ov.routing.queue_warn + " messages" : "";
+  fill($("queues").tBodies[0], ov.queues.map((q) => el("tr", { "data-queue": q.queue, class: q.long ? "long" : "" },
+    el("td", { class: "mono" }, q.queue), el("td", {}, String(q.length)),
+    el("td", {}, q.lag_ms === null ? "" : (q.lag_ms / 1000).toFixed(1) + " s"),
+    el("td", { class: "warning" }, q.long ? "over the threshold" : ""))));
+}
 
 function renderCounters() {
   const c = ov.counters || {};
