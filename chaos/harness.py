@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from pytest_celery import CeleryTestSetup
 
-from chaos.nodes import WorkerNode
+from chaos.nodes import WorkerNode, local_setup
 from chaos.report import ScenarioResult
 from checkpoints import billing, runs
 from checkpoints.db import transaction
@@ -84,6 +85,13 @@ class Cluster:
             node.start()
         self.nodes.extend(nodes)
         return nodes
+
+    def setup(self) -> CeleryTestSetup:
+        """These worker nodes and the broker as pytest-celery's CeleryTestSetup (chaos.nodes.local_setup)."""
+        from fenced_core.settings import get_settings
+        from tasks.celery_app import app
+
+        return local_setup(self.nodes, get_settings().effective_broker_url, app)
 
     def node_of(self, pid: int) -> WorkerNode | None:
         return next((n for n in self.nodes if n.owns(pid)), None)

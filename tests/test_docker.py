@@ -90,6 +90,7 @@ def test_the_topology(resolved: dict[str, Any]) -> None:
     # MySQL 8 migrated by a one-shot Alembic job that everything of ours waits for
     assert services["mysql"]["image"].startswith("mysql:8")
     assert services["migrate"]["command"] == ["fenced", "migrate"]
+    assert services["migrate"]["restart"] == "no"  # one-shot: its exit 0 is what the others wait for
     assert services["migrate"]["depends_on"]["mysql"]["condition"] == "service_healthy"
     for name in ("worker-1", "worker-2", "api-1", "api-2"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
