@@ -1,4 +1,10 @@
-"""Checkpoint blobs: JSON compressed with zlib, versioned so that old blobs stay readable."""
+"""Checkpoint blobs: JSON compressed with zlib, versioned so that old blobs stay readable.
+
+Version 2 (checkpoints.history): a run row's blob may hold only the open tail of the history, with
+`history_sealed` = the entries stored before it in `run_history` segments; version 1 blobs hold the
+whole history. This build reads both and writes 2; a build that knows only version 1 refuses a
+version 2 blob (it would take the tail for the whole history) instead of misreading it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ import json
 import zlib
 from typing import Any
 
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 
 
 def encode(checkpoint: dict[str, Any]) -> bytes:
@@ -19,6 +26,6 @@ def decode(blob: bytes | None) -> dict[str, Any]:
         return {}
     data: dict[str, Any] = json.loads(zlib.decompress(blob))
     version = data.pop("v", None)
-    if version != VERSION:
-        raise ValueError(f"checkpoint version {version!r} is not readable by this build (wants {VERSION})")
+    if version not in READABLE:
+        raise ValueError(f"checkpoint version {version!r} is not readable by this build (reads {READABLE})")
     return data

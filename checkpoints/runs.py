@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from checkpoints import billing, codec, ledger
+from checkpoints import billing, codec, history, ledger
 from checkpoints.db import db_retry, in_raw_txn, in_txn, one_trip, raw_txn, results, transaction
 from checkpoints.schema import LIVE_STATES, dead_letters, run_attempts, run_checkpoints, run_ledger, run_steps
 from fenced_core.errors import FencedOut, InsufficientCredits, InvalidRequest
@@ -269,7 +269,10 @@ def get_run(run_id: str) -> Run | None:
     """The run row, retried through a database restart (a delivery must not lose its wake-up to one)."""
     with transaction(readonly=True) as conn:
         row = conn.execute(_GET_RUN, {"w_run_id": run_id}).mappings().first()
-    return Run.from_row(row) if row else None
+        run = Run.from_row(row) if row else None
+        if run is not None:
+            run.checkpoint = history.load_txn(conn, run_id, run.checkpoint)
+    return run
 
 
 def list_runs(limit: int = 50, state: str | None = None, user_id: str | None = None,
@@ -315,9 +318,13 @@ def claim(run: Run | str, token: str, step: int | None = None) -> Claim | None:
     may be stale (the previous holder, slow but alive, can have written checkpoint A, a card or a park
     since), and resuming from it would pay the model twice. The claim runs from what the row says."""
     run_id = run if isinstance(run, str) else run.run_id
-    if one_trip():
-        return in_raw_txn(_claim_raw, run_id, token, step)
-    return in_txn(_claim_txn, run_id, token, step)
+    c = in_raw_txn(_claim_raw, run_id, token, step) if one_trip() else in_txn(_claim_txn, run_id, token, step)
+    if c is not None and history.sealed_of(c.run.checkpoint):
+        # A run longer than one history segment: its sealed segments, read after the claim (they never
+        # change once written, and those the row names were committed with it or before).
+        with transaction(readonly=True) as conn:
+            c.run.checkpoint = history.load_txn(conn, run_id, c.run.checkpoint)
+    return c
 
 
 @dataclass(frozen=True)
@@ -516,10 +523,22 @@ def _raw_fenced(cur: Any, c: Claim, what: str, sql: str, params: tuple[Any, ...]
         raise FencedOut(c.run.run_id, c.epoch, what)
 
 
+def _store(c: Claim, checkpoint: dict[str, Any]) -> history.Stored:
+    """The blob a write of `checkpoint` stores in the row (the history's open tail) and the history
+    segments it seals (checkpoints.history: a write stays bounded however long the run)."""
+    return history.store(checkpoint, history.sealed_of(c.run.checkpoint))
+
+
+def _sealed(c: Claim, stored: history.Stored) -> None:
+    """After a committed write: the claim's view of what is sealed, for its next write."""
+    c.run.checkpoint[history.SEALED] = stored.sealed
+
+
 def write_decided(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
     """Checkpoint A: the model's decision and the call's usage; a resume replays it, never re-calls."""
-    blob = codec.encode(checkpoint)
-    if one_trip():
+    stored = _store(c, checkpoint)
+    blob = stored.blob
+    if one_trip() and not stored.segments:
         now = now_ms()
         in_raw_txn(_raw_fenced, c, f"checkpoint A of step {step}", _RAW_CHECKPOINT_A, (
             blob, usage.prompt_tokens, usage.completion_tokens, usage.model_calls, last_event_id, now,
@@ -532,15 +551,18 @@ def write_decided(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage,
                           checkpoint=blob, prompt_tokens=usage.prompt_tokens,
                           completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
                           last_event_id=last_event_id)
+        history.write_segments_txn(conn, c.run.run_id, stored.segments)
         _step_row_txn(conn, c, step, "decided", blob, usage.prompt_tokens, usage.completion_tokens)
 
     in_txn(txn)
+    _sealed(c, stored)
 
 
 def write_step_done(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
     """Checkpoint B: every tool returned; the run moves to step + 1 and the holder lets go."""
-    blob = codec.encode(checkpoint)
-    if one_trip():
+    stored = _store(c, checkpoint)
+    blob = stored.blob
+    if one_trip() and not stored.segments:
         now = now_ms()
         in_raw_txn(_raw_fenced, c, f"checkpoint B of step {step}", _RAW_CHECKPOINT_B, (
             step + 1, blob, last_event_id, now, c.run.run_id, c.epoch,
@@ -552,22 +574,26 @@ def write_step_done(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usag
         fenced_update_txn(conn, c.run.run_id, c.epoch, f"checkpoint B of step {step}", step=step + 1,
                           phase="done", checkpoint=blob, owner=None, deliveries=0,
                           last_event_id=last_event_id)
+        history.write_segments_txn(conn, c.run.run_id, stored.segments)
         _step_row_txn(conn, c, step, "done", blob, usage.prompt_tokens, usage.completion_tokens)
         _end_attempt_txn(conn, c.attempt_id, "step_done")
 
     in_txn(txn)
+    _sealed(c, stored)
 
 
 def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_event_id: str, *,
            answer: str | None = None, error_class: str | None = None, error: str | None = None) -> int | None:
     """The terminal transaction: final row, settlement and ledger in ONE fenced commit; returns the charge."""
-    blob = codec.encode(checkpoint)
+    stored = _store(c, checkpoint)
+    blob = stored.blob
 
     def txn(conn: Connection) -> int | None:
         now = now_ms()
         _holder_change_txn(conn, c, state, f"terminal write ({state})", phase="done", checkpoint=blob, owner=None,
                            answer=answer, error_class=error_class, error=error, last_event_id=last_event_id,
                            finished_at_ms=now, updated_at_ms=now)
+        history.write_segments_txn(conn, c.run.run_id, stored.segments)
         charge = billing.settle_txn(conn, c.run.run_id, c.epoch, c.token, usage.prompt_tokens,
                                     usage.completion_tokens, now)
         reason = f"run {state}" + (f": [{error_class}] {error}" if error else "")
@@ -580,7 +606,8 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
 
 def park(c: Claim, reason: str, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
     """The run waits for a person: no lease, no worker occupied, reason recorded, checkpoint kept."""
-    blob = codec.encode(checkpoint)
+    stored = _store(c, checkpoint)
+    blob = stored.blob
 
     def txn(conn: Connection) -> None:
         # Waiting on a person is no failed delivery: the crash budget starts afresh (as at checkpoint B).
@@ -588,6 +615,7 @@ def park(c: Claim, reason: str, checkpoint: dict[str, Any], usage: Usage, last_e
                            error_class="fixable", error=reason, prompt_tokens=usage.prompt_tokens,
                            completion_tokens=usage.completion_tokens, model_calls=usage.model_calls,
                            last_event_id=last_event_id)
+        history.write_segments_txn(conn, c.run.run_id, stored.segments)
         ledger.record_txn(conn, c.run.run_id, c.epoch, c.token, "waiting", f"waiting for input: {reason}")
         _end_attempt_txn(conn, c.attempt_id, "waiting", reason)
 

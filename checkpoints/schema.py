@@ -111,6 +111,16 @@ run_steps = Table(
     Index("ix_run_steps_run", "run_id", "step"),
 )
 
+# A run's history in sealed segments of checkpoints.history.SEGMENT entries, each written once in the
+# fenced transaction of the checkpoint that completed it; the run row's blob keeps only the open tail.
+run_history = Table(
+    "run_history",
+    metadata,
+    Column("run_id", Ident(64), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("body", Blob, nullable=False),  # compressed JSON {"entries": [...]}, see checkpoints.codec
+)
+
 run_holds = Table(
     "run_holds",
     metadata,

@@ -25,7 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse
 from starlette.responses import Response
 
-from checkpoints import codec
+from checkpoints import codec, history
 from checkpoints.db import transaction
 from checkpoints.schema import run_steps
 from fenced_api.auth import Caller, caller
@@ -74,7 +74,7 @@ def steps_of(run_id: str) -> list[dict[str, Any]]:
         decision = body.get("decision") if r["phase"] == "decided" else None
         out.append({"step": r["step"], "epoch": r["epoch"], "phase": r["phase"], "owner": r["owner"],
                     "prompt_tokens": r["prompt_tokens"], "completion_tokens": r["completion_tokens"],
-                    "at_ms": r["at_ms"], "history_steps": len(body.get("history", [])), "decision": decision})
+                    "at_ms": r["at_ms"], "history_steps": history.length(body), "decision": decision})
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from checkpoints import billing, inputs, ledger, lifecycle, runs
+from checkpoints import billing, history, inputs, ledger, lifecycle, runs
 from checkpoints.db import transaction
 from checkpoints.ledger import Entry
 from checkpoints.lifecycle import Cancelled, DeadLetter
@@ -65,7 +65,7 @@ class RunSummary:
     @classmethod
     def of(cls, run: runs.Run, **extra: Any) -> Any:
         data = {f.name: getattr(run, f.name) for f in fields(cls) if hasattr(run, f.name)}
-        return cls(**data, steps_done=len(run.checkpoint.get("history", [])), **extra)
+        return cls(**data, steps_done=history.length(run.checkpoint), **extra)
 
     @property
     def ended(self) -> bool:

@@ -1,0 +1,87 @@
+"""A run's history stored in sealed segments, so a checkpoint write stays bounded however long the run.
+
+The history (the program's record of every finished step) lives in two places: complete segments of
+SEGMENT entries in `run_history` rows, each written once, in the fenced transaction of the checkpoint
+that completed it; and the open tail (fewer than SEGMENT entries) in the checkpoint blob itself, with
+`history_sealed` = how many entries precede it. A checkpoint write therefore carries at most SEGMENT - 1
+history entries plus, once every SEGMENT steps, one segment: flat in the run's length. Reading a run
+joins them again (one more SELECT, only for runs longer than SEGMENT steps), so programs, replays and
+the verdict see the whole history exactly as before. Blobs from before this (codec version 1) carry
+the whole history and no `history_sealed`: they read as they are and are split on their next write.
+
+A segment's content is fixed once written: its entries precede the checkpoint that sealed it, and a
+later holder resumes from that checkpoint or a later one. A retried transaction rewrites the same
+segment (delete + insert by its key), so a lost commit reply cannot duplicate one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from checkpoints import codec
+from checkpoints.schema import run_history
+
+SEGMENT = 16
+SEALED = "history_sealed"
+WHOLE = "history_whole"  # set by load_txn, never stored: "history" is the whole history, not the tail
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What one checkpoint write stores: the row's blob, the segments to seal, the new sealed count."""
+
+    blob: bytes
+    segments: list[tuple[int, bytes]] = field(default_factory=list)  # (seq, blob of SEGMENT entries)
+    sealed: int = 0
+
+
+def store(checkpoint: dict[str, Any], sealed: int) -> Stored:
+    """Split `checkpoint` (whose "history" is the whole history) given `sealed` entries already stored in
+    segments: every complete segment not yet stored is sealed now; the blob keeps the open tail."""
+    history: list[Any] = list(checkpoint.get("history", []))
+    if sealed % SEGMENT or sealed > len(history):
+        raise ValueError(f"history_sealed={sealed} does not fit a history of {len(history)} entries")
+    complete = len(history) // SEGMENT * SEGMENT
+    segments = [(start // SEGMENT, codec.encode({"entries": history[start:start + SEGMENT]}))
+                for start in range(sealed, complete, SEGMENT)]
+    body = {k: v for k, v in checkpoint.items() if k not in (WHOLE, SEALED)}
+    if complete:  # a run shorter than one segment stores its checkpoint exactly as given
+        body.update({"history": history[complete:], SEALED: complete})
+    return Stored(codec.encode(body), segments, complete)
+
+
+def sealed_of(checkpoint: dict[str, Any]) -> int:
+    """How many leading history entries the run's storage holds in segments (0 for a version 1 blob)."""
+    return int(checkpoint.get(SEALED, 0))
+
+
+def length(checkpoint: dict[str, Any]) -> int:
+    """How many entries the run's history has, from a loaded checkpoint or from a row's blob alone."""
+    tail = len(checkpoint.get("history", []))
+    return tail if checkpoint.get(WHOLE) else sealed_of(checkpoint) + tail
+
+
+def write_segments_txn(conn: Connection, run_id: str, segments: list[tuple[int, bytes]]) -> None:
+    """Store `segments` in the caller's (fenced) transaction, after its fenced update succeeded."""
+    for seq, blob in segments:
+        conn.execute(sa.delete(run_history).where(run_history.c.run_id == run_id, run_history.c.seq == seq))
+        conn.execute(sa.insert(run_history).values(run_id=run_id, seq=seq, body=blob))
+
+
+def load_txn(conn: Connection, run_id: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """`checkpoint` (as decoded from the row) with its whole history: the sealed segments, then the tail."""
+    sealed = sealed_of(checkpoint)
+    if not sealed:
+        return checkpoint
+    rows = conn.execute(sa.select(run_history.c.seq, run_history.c.body)
+                        .where(run_history.c.run_id == run_id, run_history.c.seq < sealed // SEGMENT)
+                        .order_by(run_history.c.seq)).all()
+    if [r.seq for r in rows] != list(range(sealed // SEGMENT)):
+        raise RuntimeError(f"run {run_id}: history segments {[r.seq for r in rows]} stored, "
+                           f"{sealed // SEGMENT} expected")
+    head = [e for r in rows for e in codec.decode(r.body)["entries"]]
+    return {**checkpoint, "history": head + list(checkpoint.get("history", [])), WHOLE: True}

@@ -1,0 +1,132 @@
+"""A run's history in sealed segments (checkpoints.history): each checkpoint write stays bounded, every
+read gets the whole history back, old (version 1) blobs stay readable, a newer blob is refused."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+
+from checkpoints import codec, history
+
+
+def _entries(n: int) -> list[dict[str, object]]:
+    return [{"step": i, "name": f"s{i}", "results": {"id": "x" * (i % 7)}} for i in range(n)]
+
+
+def test_each_write_carries_less_than_a_segment_and_seals_each_segment_once():
+    sealed, seals = 0, []
+    for n in range(0, 60):
+        stored = history.store({"history": _entries(n), "waited": True}, sealed)
+        body = codec.decode(stored.blob)
+        assert len(body["history"]) < history.SEGMENT and body["history"] == _entries(n)[stored.sealed:]
+        assert history.sealed_of(body) == stored.sealed == n // history.SEGMENT * history.SEGMENT
+        assert history.length(body) == n
+        if n < history.SEGMENT:
+            assert body == {"history": _entries(n), "waited": True}, "a short run's checkpoint is stored as given"
+        assert body["waited"] is True
+        seals += [seq for seq, _ in stored.segments]
+        sealed = stored.sealed
+    assert seals == [0, 1, 2], "every complete segment sealed exactly once, in order"
+
+
+def test_a_version_1_checkpoint_is_split_on_its_next_write():
+    stored = history.store({"history": _entries(40)}, 0)  # a v1 blob carried all 40 entries
+    assert [seq for seq, _ in stored.segments] == [0, 1] and stored.sealed == 32
+    assert codec.decode(stored.segments[1][1])["entries"] == _entries(40)[16:32]
+
+
+def test_a_sealed_count_that_does_not_fit_is_refused():
+    with pytest.raises(ValueError, match="does not fit"):
+        history.store({"history": _entries(10)}, 16)
+
+
+def test_version_1_blobs_stay_readable_and_unknown_versions_are_refused():
+    v1 = zlib.compress(json.dumps({"v": 1, "history": _entries(3)}).encode())
+    assert codec.decode(v1) == {"history": _entries(3)} and history.sealed_of(codec.decode(v1)) == 0
+    v3 = zlib.compress(json.dumps({"v": 3, "history": []}).encode())
+    with pytest.raises(ValueError, match="not readable"):
+        codec.decode(v3)
+
+
+def test_segments_and_tail_read_back_as_the_whole_history(store):
+    from checkpoints.db import transaction
+
+    run_id = f"hist-{store}"
+    full = _entries(37)
+    stored = history.store({"history": full}, 0)
+    with transaction() as conn:
+        history.write_segments_txn(conn, run_id, stored.segments)
+        history.write_segments_txn(conn, run_id, stored.segments)  # a retried transaction: same rows, no duplicate
+    with transaction(readonly=True) as conn:
+        loaded = history.load_txn(conn, run_id, codec.decode(stored.blob))
+    assert loaded["history"] == full and history.length(loaded) == 37
+    with transaction() as conn:
+        history.write_segments_txn(conn, "other-run", stored.segments[:1])
+    with transaction(readonly=True) as conn, pytest.raises(RuntimeError, match="expected"):
+        history.load_txn(conn, "other-run", codec.decode(stored.blob))
+
+
+def _drive(run_id: str, until_step: int | None = None) -> str:
+    """Deliver the run's steps here as a worker would (continuations not sent); stop before `until_step`."""
+    from checkpoints import runs
+    from tasks.delivery import deliver
+
+    outcome = "continue"
+    while outcome == "continue":
+        run = runs.peek_run(run_id)
+        assert run is not None
+        if until_step is not None and run.step >= until_step:
+            break
+        outcome = deliver(run_id, run.step, lambda *_: None)
+    return outcome
+
+
+def test_a_long_run_taken_over_mid_way_resumes_with_its_whole_history(mysql_store):
+    """A 40-step run (two sealed segments) whose holder of step 20 dies after its claim: the next holder
+    takes over, sees every earlier step, and the run ends done once with 40 records, each paid once."""
+    from bench import steps_agent
+    from checkpoints import ledger, runs
+    from harness.verdict import check_run
+    from tasks.submit import submit_run
+
+    run_id = submit_run("long-1", steps_agent.query(40), agent=steps_agent.NAME)
+    assert _drive(run_id, until_step=20) == "continue"
+    assert runs.claim(run_id, "dead-host:1:x/lost") is not None  # claimed, then the process died
+    assert _drive(run_id) == "done"
+    run = runs.get_run(run_id)
+    assert run is not None and run.state == "done" and run.model_calls == 40
+    assert [h["name"] for h in run.checkpoint["history"]] == [f"s{i}" for i in range(40)]
+    assert history.sealed_of(run.checkpoint) == 32 and history.length(run.checkpoint) == 40
+    assert "takeover" in [e.kind for e in ledger.history(run_id)]
+    assert check_run(run_id).ok, check_run(run_id).failed
+
+
+def test_a_version_1_row_of_a_long_run_resumes_and_is_split(mysql_store):
+    """A run checkpointed by a build before segments (codec version 1, all 20 entries in the row) resumes
+    with its whole history; its next write seals the complete segment and keeps only the tail."""
+    import sqlalchemy as sa
+
+    from bench import steps_agent
+    from checkpoints import runs
+    from checkpoints.db import transaction
+    from checkpoints.schema import run_checkpoints as rc
+    from checkpoints.schema import run_history
+    from tasks.submit import submit_run
+
+    run_id = submit_run("long-2", steps_agent.query(24), agent=steps_agent.NAME)
+    assert _drive(run_id, until_step=20) == "continue"
+    whole = runs.get_run(run_id)
+    assert whole is not None and len(whole.checkpoint["history"]) == 20
+    v1 = zlib.compress(json.dumps({"v": 1, "history": whole.checkpoint["history"]}).encode())
+    with transaction() as conn:
+        conn.execute(sa.delete(run_history).where(run_history.c.run_id == run_id))
+        conn.execute(rc.update().where(rc.c.run_id == run_id).values(checkpoint=v1))
+    assert _drive(run_id) == "done"
+    run = runs.get_run(run_id)
+    assert run is not None and [h["name"] for h in run.checkpoint["history"]] == [f"s{i}" for i in range(24)]
+    with transaction(readonly=True) as conn:
+        row_blob = conn.execute(sa.select(rc.c.checkpoint).where(rc.c.run_id == run_id)).scalar_one()
+        seqs = conn.execute(sa.select(run_history.c.seq).where(run_history.c.run_id == run_id)).scalars().all()
+    assert sorted(seqs) == [0] and len(codec.decode(row_blob)["history"]) == 24 - 16
