@@ -7,7 +7,7 @@ import sys
 from kombu import Queue
 
 from fenced_core.errors import ConfigError
-from fenced_core.pools import split_pool
+from fenced_core.pools import default_concurrency, split_pool
 from fenced_core.settings import get_settings
 from tasks import queues
 
@@ -38,7 +38,8 @@ result_backend = None
 task_acks_late = True
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
-worker_concurrency = _settings.concurrency
+# FENCED_CONCURRENCY, else 64 threads (a step mostly waits on its model) or Celery's default for prefork.
+worker_concurrency = default_concurrency(split_pool(sys.argv[1:])[0], _settings.concurrency)
 # The threads pool is the default (steps wait on model and tool I/O). Celery cannot tell an explicit
 # `--pool prefork` from its own default and would replace it with this setting, so the setting is only
 # made when the command line names no pool: `celery -A tasks worker` runs threads, `--pool prefork` prefork.

@@ -142,12 +142,14 @@ def list_runs(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(ctx: typer.Context) -> None:
     """Exec `celery -A tasks worker` with the project defaults; extra arguments go to celery (last wins)."""
+    from fenced_core.pools import default_concurrency
     from fenced_core.settings import get_settings
     from harness.workers import ALL_QUEUES, pool_option, split_pool
 
     pool, extra = split_pool(ctx.args)
+    concurrency = default_concurrency(pool, get_settings().concurrency)
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", *pool_option(pool or "threads"),
-            "-c", str(get_settings().concurrency), "-Q", ",".join(ALL_QUEUES), "-l", "info", *extra]
+            *(["-c", str(concurrency)] if concurrency else []), "-Q", ",".join(ALL_QUEUES), "-l", "info", *extra]
     sys.stdout.flush()
     os.execv(sys.executable, argv)  # noqa: S606 - replace this process: signals reach celery directly
 

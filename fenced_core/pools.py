@@ -1,4 +1,4 @@
-"""Which Celery pool a worker command line names: read by celeryconfig (threads unless the command names one)."""
+"""Which Celery pool a worker command line names (threads unless it names one), and its default concurrency."""
 
 from __future__ import annotations
 
@@ -23,3 +23,20 @@ def split_pool(args: Sequence[str]) -> tuple[str | None, list[str]]:
         else:
             rest.append(arg)
     return pool, rest
+
+
+# Steps wait on the model, so a thread (or greenlet) per run in flight is cheap: about 0.3-0.6 MiB each,
+# measured with `python -m bench.inflight` (docs/benchmarks.md, "In flight"). On the 2-core machine there,
+# two processes kept ~100-130 two-second-step runs at >= 80 % of their ideal pace; past that the CPU per
+# step, not the thread count, is the limit. 64 per process with the default prefetch leaves room for runs
+# to wait on the model without a slot going idle.
+THREADS_CONCURRENCY = 64
+GREEN_POOLS = ("threads", "gevent", "eventlet")
+
+
+def default_concurrency(pool: str | None, configured: int | None) -> int | None:
+    """FENCED_CONCURRENCY when set; else THREADS_CONCURRENCY for the threads (or a green) pool, and None for
+    prefork and solo: Celery's own default there (one process per CPU)."""
+    if configured is not None:
+        return configured
+    return THREADS_CONCURRENCY if (pool or "threads") in GREEN_POOLS else None

@@ -59,7 +59,8 @@ class Settings(BaseSettings):
     retry_base_ms: int = Field(200, gt=0, description="Transient retry backoff base")
     retry_cap_ms: int = Field(5_000, gt=0, description="Transient retry backoff cap")
     retry_budget: int = Field(5, ge=0, description="Transient retries per step")
-    concurrency: int = Field(4, gt=0, description="Worker concurrency")
+    concurrency: int | None = Field(None, gt=0, description="Worker concurrency; unset: 64 for the threads pool, "
+                                    "Celery's default (one process per CPU) for prefork (fenced_core.pools)")
     task_events: bool = Field(True, description="Workers send Celery task events and senders task-sent events "
                               "(Flower's live task view); off saves about four broker publishes per step")
 
