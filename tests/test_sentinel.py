@@ -76,10 +76,14 @@ def test_celeryconfig_gives_kombu_the_master_name_for_a_sentinel_broker():
 # -- a real deployment ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sentinel_urls() -> Iterator[dict[str, str]]:
-    """The local deployment, started (or found running) and settled; its FENCED_* URLs."""
+    """The local deployment, started (or found running) and settled; its FENCED_* URLs. Stopped at the
+    end when this module started it."""
+    status = subprocess.run(["bash", SCRIPT, "status"], check=True, capture_output=True, text=True).stdout
     subprocess.run(["bash", SCRIPT, "start"], check=True, capture_output=True, timeout=120)
     out = subprocess.run(["bash", SCRIPT, "urls"], check=True, capture_output=True, text=True).stdout
     yield {name: value.strip("'") for name, _, value in (line.partition("=") for line in out.splitlines())}
+    if " down" in status:
+        subprocess.run(["bash", SCRIPT, "stop"], check=True, capture_output=True, timeout=60)
 
 
 @pytest.fixture
