@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import structlog
@@ -43,8 +44,12 @@ def point(name: str, run_id: str) -> None:
     if action == "kill":
         os.killpg(os.getpgid(0), signal.SIGKILL)
     elif action == "stop":
-        os.killpg(os.getpgid(0), signal.SIGSTOP)  # returns here after SIGCONT, and goes on writing
-        return
+        os.killpg(os.getpgid(0), signal.SIGSTOP)  # the group: a prefork parent and its children too
+        # A stop sent to the group stops each thread as it next enters the kernel: this one could run on
+        # for a few ms first, long enough to commit the very write the point stands before (seen: a
+        # checkpoint A committed in the ms the point fired). Sent to this thread, it stops here.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        return  # here after SIGCONT (which drops any stop still pending), and goes on writing
     # hang: this thread alone stops (a tool or HTTP call with no timeout); the process stays alive.
     time.sleep(float(client.hget(keys.FAULTS, f"{name}:hang_s") or 3600))
 
