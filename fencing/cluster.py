@@ -30,7 +30,7 @@ from redis.exceptions import (
 
 from fenced_core.errors import StoreUnavailable
 from fenced_core.settings import CLUSTER_SCHEME
-from fencing.connection import RedisUnavailable
+from fencing.fenced_redis import RedisUnavailable
 
 # Driver errors that mean "the cluster could not answer now" (a node down, a failover in progress, a slot
 # moving): MovedError is an AskError. A CROSSSLOT error is not here: it is a bug, and stays one.
