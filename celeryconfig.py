@@ -10,6 +10,9 @@ from fenced_core.errors import ConfigError
 from fenced_core.pools import default_concurrency, split_pool
 from fenced_core.settings import get_settings
 from tasks import queues
+from tasks.kombu_close_fix import install as _keep_workers_through_broker_failover
+
+_keep_workers_through_broker_failover()  # kombu 5.7's close path would end the worker (tasks/kombu_close_fix.py)
 
 try:
     _settings = get_settings()
