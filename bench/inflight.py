@@ -180,12 +180,17 @@ def workers(p: Params) -> Iterator[list[Any]]:
 
 
 def _query(sql: str, **params: Any) -> list[Any]:
+    """A read, retried through a database restart (the MariaDB server may be shared and restarted)."""
     import sqlalchemy as sa
 
-    from checkpoints.db import transaction
+    from checkpoints.db import db_retry, transaction
 
-    with transaction(readonly=True) as conn:
-        return list(conn.execute(sa.text(sql), params).all())
+    @db_retry
+    def read() -> list[Any]:
+        with transaction(readonly=True) as conn:
+            return list(conn.execute(sa.text(sql), params).all())
+
+    return read()
 
 
 def _ids_param(ids: list[str]) -> str:
