@@ -65,6 +65,13 @@ class WorkerRecord:
     beat_ms: int
     fields: dict[str, str] = field(default_factory=dict)
     queued: int = 0
+    presumed_dead_ms: int | None = None  # when fast takeover presumed its process dead (keys.PRESUMED_DEAD)
+
+    @property
+    def presumed_dead(self) -> bool:
+        """Fast takeover presumed its process dead (no Redis connection) and it has not beaten since: a
+        killed worker, seen within a liveness tick, seconds before the scan marks it offline."""
+        return self.presumed_dead_ms is not None and self.presumed_dead_ms >= self.beat_ms
 
     @property
     def status(self) -> str:
@@ -123,7 +130,8 @@ def set_status(name: str, status: str) -> None:
 
 
 def all_workers() -> list[WorkerRecord]:
-    """Every registered worker (online and offline), with its live queued count. Cost: O(workers)."""
+    """Every registered worker (online and offline), with its live queued count and whether fast takeover
+    presumed its process dead. Cost: O(workers + processes presumed dead in the last hour)."""
     client = get_redis()
     index: list[tuple[str, float]] = client.zrange(WORKERS, 0, -1, withscores=True)  # type: ignore[assignment]
     if not index:
@@ -132,9 +140,14 @@ def all_workers() -> list[WorkerRecord]:
     for name, _ in index:
         pipe.hgetall(worker(name))
         pipe.zcard(pending(name))
+    pipe.zrange(keys.PRESUMED_DEAD, 0, -1, withscores=True)
     replies = pipe.execute()
-    return [WorkerRecord(name, int(score), replies[2 * i] or {}, int(replies[2 * i + 1]))
-            for i, (name, score) in enumerate(index)]
+    dead = {token: int(ms) for token, ms in replies[-1]}
+    out = []
+    for i, (name, score) in enumerate(index):
+        fields = replies[2 * i] or {}
+        out.append(WorkerRecord(name, int(score), fields, int(replies[2 * i + 1]), dead.get(fields.get("token", ""))))
+    return out
 
 
 def stale(before_ms: int) -> list[str]:

@@ -90,9 +90,14 @@ def _connections_gone(resend: Resend, out: ScanResult) -> None:
         else:
             pipe.hincrby(SUSPECTS, w.name, 1)
     for w, seen in zip(online, pipe.execute(), strict=True):
-        if CLIENT_NAME_PREFIX + w.fields["token"] not in connected and int(seen) >= MISSES_TO_OFFLINE:
+        if CLIENT_NAME_PREFIX + w.fields["token"] in connected:
+            continue
+        if int(seen) >= MISSES_TO_OFFLINE:
             client.hdel(SUSPECTS, w.name)
             _offline(w.name, f"its process has no Redis connection on {MISSES_TO_OFFLINE} scans", resend, out)
+        elif w.presumed_dead:  # fast takeover checked it already (every liveness tick): no second look
+            client.hdel(SUSPECTS, w.name)
+            _offline(w.name, "presumed dead by fast takeover: its process has no Redis connection", resend, out)
 
 
 def _route_deferred(resend: Resend, out: ScanResult) -> None:

@@ -58,6 +58,8 @@ def candidate(w: WorkerRecord, now_ms: int, s: Settings) -> Candidate:
     why_not = ""
     if w.status != "online":
         why_not = w.status
+    elif w.presumed_dead:  # fast takeover saw its process's connections gone: a rescue must not go back there
+        why_not = "presumed dead (its process has no Redis connection)"
     elif not w.queue:
         why_not = "consumes no queue of its own (FENCED_ROUTING=shared there)"
     elif total < s.routing_threshold:

@@ -100,6 +100,31 @@ def test_choose_picks_the_best_and_keeps_the_previous_worker_while_it_has_room(r
     assert policy.choose().worker == "b@h"
 
 
+def test_a_worker_fast_takeover_presumed_dead_gets_no_rescue_and_goes_offline_at_once(redis_client, settings_env):
+    """A killed holder is presumed dead by fast takeover (every liveness tick) before the routing scan
+    sees its connections gone twice: the rescue fast takeover sends must not be routed back to it (it
+    was, in the chaos kill scenario under reach: 1-2 s more per takeover, p95 over its 3 s bound)."""
+    from fencing import keys
+
+    settings_env(routing="reach")
+    client = get_redis()
+    registry.beat("dead@h", {"queue": policy.queue_of("dead@h"), "concurrency": 4, "token": "h:1:dead"})
+    registry.beat("busy@h", {"queue": policy.queue_of("busy@h"), "concurrency": 4, "token": "h:2:busy",
+                             "running": 3})
+    assert policy.choose().worker == "dead@h", "idle: the best, until it is presumed dead"
+    client.zadd(keys.PRESUMED_DEAD, {"h:1:dead": registry.now_ms() + 1})
+    d = policy.choose()
+    dead = next(c for c in d.candidates if c.worker == "dead@h")
+    assert d.worker == "busy@h" and not dead.qualified and dead.why_not.startswith("presumed dead"), d.sentence()
+    out = scan.scan(_resend, force=True)  # first scan without its connection: offline now, not after two
+    assert "dead@h" in out.offline
+    assert "presumed dead" in client.hget(registry.worker("dead@h"), "offline_reason")
+    # A live process presumed dead by mistake beats again: the beat is newer than the presumption.
+    client.zadd(keys.PRESUMED_DEAD, {"h:2:busy": registry.now_ms() - 10})
+    registry.beat("busy@h", {"queue": policy.queue_of("busy@h"), "concurrency": 4, "token": "h:2:busy"})
+    assert policy.choose().worker == "busy@h"
+
+
 def test_shared_policy_sends_as_before(mysql_store, settings_env):
     settings_env(routing="shared")
     run_id = submit_run("u1", "buy headphones")
