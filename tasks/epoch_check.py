@@ -11,7 +11,8 @@ calls in flight (queued, running, waiting: a lost claim, checkpoint, cancel or t
 run there), compared with their mirrors (runs without a mirror, e.g. after a Redis wipe, are skipped).
 Cost: one indexed query and one pipelined round trip per 1,000 mirrors. It does not see a lost commit
 that Redis never mirrored (a lost submit, a lost checkpoint with no claim after it) nor runs beyond the
-sample; it is a tripwire for the epoch going back, not a consistency audit."""
+sample; it is a tripwire for the epoch going back, not a consistency audit. `repair()` (`fenced
+repair-epochs`) raises each run found behind above its mirror."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from checkpoints import epochs
 from fenced_core.errors import ConfigError
 from fenced_core.settings import get_settings
-from fencing.epoch import mirrors
+from fencing.epoch import mirrors, raise_epoch
 
 RECHECK_AFTER_S = 1.0  # a cancel raises the mirror just before its commit: a suspect is read again once
 
@@ -75,3 +76,18 @@ def ensure_epochs_not_behind(limit: int | None = None) -> int:
     if behind:
         raise EpochsBehind(behind, checked)
     return checked
+
+
+def repair(actor: str, limit: int | None = None) -> list[tuple[Behind, int]]:
+    """Raise every checked run whose database epoch is behind its mirror above the mirror (database
+    first, then the mirror to the same epoch, so a stale holder's events are refused too); returns each
+    run repaired with its new epoch. Run it with every worker stopped: a worker that took the run
+    before the repair would be fenced out by it, which is safe, but wasted work."""
+    behind, _checked = find_behind(limit)
+    done = []
+    for b in behind:
+        new = epochs.raise_behind(b.run_id, b.db_epoch, b.mirror, actor)
+        if new is not None:
+            raise_epoch(b.run_id, new)
+            done.append((b, new))
+    return done

@@ -132,3 +132,38 @@ def test_the_cli_reports_it_and_refuses_to_write(mysql_store, redis_client):
     assert '"checked": 2' in check.stdout
     assert _fenced("cancel", lost).returncode == 0
     assert runs.get_run(lost).state == "cancelled"
+
+
+def test_repair_epochs_fences_every_holder_from_before_the_failover(mysql_store, redis_client):
+    from checkpoints.db import in_txn
+    from checkpoints.ledger import history
+    from checkpoints.runs import fenced_update_txn
+    from fenced_core.errors import FencedOut
+
+    lost, fine = _lossy_failover()
+    _set_db_epoch(lost, 1)
+    with transaction() as conn:  # the lost run was running, held at epoch 4 by a worker before the failover
+        conn.execute(run_checkpoints.update().where(run_checkpoints.c.run_id == lost).values(state="running"))
+
+    dry = _fenced("repair-epochs")
+    assert dry.returncode == 1 and f"{lost}: database epoch 1, Redis mirror 4 -> would become 5" in dry.stdout
+    assert runs.get_run(lost).epoch == 1  # without --yes nothing is written
+
+    done = _fenced("repair-epochs", "--yes", "--user", "ops")
+    assert done.returncode == 0, done.stderr
+    assert f"{lost}: epoch 1 -> 5 (Redis mirror was 4)" in done.stdout and fine not in done.stdout
+    row = runs.get_run(lost)
+    assert (row.epoch, row.owner, row.state) == (5, None, "running")
+    assert current(lost) == 5 and runs.get_run(fine).epoch == 2
+    repaired = [e for e in history(lost) if e.kind == "epoch_repaired"]
+    assert [(e.epoch, e.actor) for e in repaired] == [(5, "ops")]
+    assert _fenced("check-epochs").returncode == 0
+
+    # the holder from before the failover (epoch 4) and the one whose claim the database kept (epoch 1)
+    # can no longer write: neither owns the epoch
+    for stale in (4, 1):
+        try:
+            in_txn(fenced_update_txn, lost, stale, "a stale holder's checkpoint", phase="decided")
+        except FencedOut:
+            continue
+        raise AssertionError(f"a holder at epoch {stale} wrote after the repair")
