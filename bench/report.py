@@ -177,8 +177,9 @@ def longrun_section(lr: dict[str, Any]) -> list[str]:
     lines = ["## Long runs: checkpoint growth", "",
              f"{lr['runs']} runs of {lr['steps']} steps of the `bench_steps` agent (one 0 ms model call and one "
              "read-only tool returning ~0.4 KB per step), every delivery driven in the benchmark process. "
-             "Each figure: median over the runs and the step either side. Bytes written: every blob the "
-             "step's SQL statements carried (run row and run_steps rows, checkpoints A and B).", "",
+             "Each figure: median over the runs and the step either side. Bytes written: every blob the step "
+             "sent to the database, counted at the driver (checkpoints A and B; a history segment every 16 "
+             "steps).", "",
              "| step | wall ms | CPU ms | checkpoint bytes written | checkpoint B stored (zlib) | its JSON |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {x['step']} | {x['wall_ms']:.2f} | {x['cpu_ms']:.2f} | {x['written_bytes']:,.0f} | "
