@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from fenced_core.errors import ConfigError
 
 # The run stores fenced is tested on. PostgreSQL is not one of them (yet): refused, not half-supported.
-DB_SCHEMES = ("mysql+pymysql://", "sqlite:///")
+DB_SCHEMES = ("mysql+pymysql://", "mysql+mysqldb://", "sqlite:///")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CLUSTER_SCHEME = "redis+cluster://"  # fenced's Redis on a Redis Cluster (fencing.cluster)
 SENTINEL_SCHEME = "redis+sentinel://"  # fenced's Redis through Sentinel (fencing.sentinel)
@@ -123,10 +123,13 @@ class Settings(BaseSettings):
         if url.startswith(("postgres://", "postgresql")):
             raise ValueError("PostgreSQL is not a supported run store; use mysql+pymysql://USER@HOST:PORT/DB "
                              "(MySQL/MariaDB) or sqlite:///PATH")
-        if url.startswith("mysql://") or (url.startswith("mysql+") and not url.startswith("mysql+pymysql://")):
-            raise ValueError("MySQL/MariaDB URLs must name the PyMySQL driver: mysql+pymysql://USER@HOST:PORT/DB")
+        if url.startswith("mysql://") or (url.startswith("mysql+") and
+                                          not url.startswith(("mysql+pymysql://", "mysql+mysqldb://"))):
+            raise ValueError("MySQL/MariaDB URLs must name the driver: mysql+pymysql://USER@HOST:PORT/DB (PyMySQL, "
+                             "the default) or mysql+mysqldb://USER@HOST:PORT/DB (mysqlclient, optional C driver)")
         if not url.startswith(DB_SCHEMES):
-            raise ValueError("accepted: mysql+pymysql://USER@HOST:PORT/DB (MySQL/MariaDB) or sqlite:///PATH")
+            raise ValueError("accepted: mysql+pymysql://USER@HOST:PORT/DB (MySQL/MariaDB; mysql+mysqldb:// for "
+                             "mysqlclient) or sqlite:///PATH")
         return url
 
     @field_validator("redis_url")
