@@ -35,6 +35,8 @@ def test_smoke_run_measures_every_section(tmp_path):
         assert b["steps"] == 12  # 3 runs x 4 steps
         for piece in ("claim (epoch + 1)", "checkpoint A", "checkpoint B", "events", "send"):
             assert b["pieces"][piece]["p50"] > 0, (store, piece)
+        assert b["counted_steps"] == 4 and b["redis_round_trips_per_step"] > 0, b
+        assert (b["sql_round_trips_per_step"] > 0) == (store == "mariadb"), "SQLite has no round trips to count"
     phases = [(x["step"], x["phase"]) for x in r["checkpoint"]["rows"]]
     assert phases[:2] == [(0, "decided"), (0, "done")] and phases[-1] == (3, "decided")
     assert all(x["stored_bytes"] > 0 for x in r["checkpoint"]["rows"])
@@ -50,6 +52,7 @@ def test_smoke_run_measures_every_section(tmp_path):
     (t,) = r["takeover"]
     assert t["ok"] and t["n"] > 0 and t["p95"] < t["target_p95_ms"], t
     md = (tmp_path / "benchmarks.md").read_text()
+    assert "fenced (mariadb) client CPU per step <= 1.5 ms" in md and "Round trips per step" in md
     for heading in ("## Targets", "## Throughput and latency", "### With a model that takes 200 ms",
                     "## Where a fenced step's time goes",
                     "## Takeover latency", "## Detection cost", "## Checkpoint size", "Smoke run"):
@@ -69,3 +72,19 @@ def test_live_events_smoke(tmp_path):
     assert r["views_mismatched"] == 0 and r["events_delivered"] > 20 * 4, r
     assert r["latency_ms"]["p50"] is not None and r["rss_peak_mb"] >= r["rss_idle_mb"] > 0, r
     assert "## Live events (WebSocket fan-out)" in proc.stdout
+
+
+def test_the_round_trip_counter_counts_what_it_says(store):
+    """bench.breakdown.round_trips: one per query sent to MySQL/MariaDB (a multi-statement query with its
+    COMMIT counts once), none for SQLite, one per Redis command or pipeline."""
+    from bench.breakdown import round_trips
+    from checkpoints import runs
+    from fencing.connection import get_redis
+
+    with round_trips() as trips:
+        assert runs.peek_run("no-such-run") is None  # SELECT and COMMIT, one query on MySQL
+        get_redis().ping()
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.get("a").get("b")
+        pipe.execute()
+    assert trips == {"sql": 1 if store == "mysql" else 0, "redis": 2}, trips
