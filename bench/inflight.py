@@ -240,23 +240,36 @@ def measure(p: Params) -> dict[str, Any]:
             all_started_ms = int(_query(
                 f"SELECT MAX(s) FROM (SELECT MIN(started_at_ms) s FROM run_attempts WHERE run_id IN ({in_list}) "
                 "GROUP BY run_id) t")[0][0])
-            w0 = all_started_ms + p.model_ms
+            # The window opens one model call after the last run started (or now, if that has passed: the
+            # CPU figures need a live window) and closes after window_s or at the first run's end.
+            w0 = max(all_started_ms + p.model_ms, int(time.time() * 1000))
             w1 = w0 + int(p.window_s * 1000)
             while time.time() * 1000 < w0:
                 time.sleep(0.05)
             cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
             redis_cpu0 = _redis_cpu_s()
             load0 = _loadavg()
-            first_done = _query(f"SELECT MIN(finished_at_ms) FROM run_checkpoints WHERE run_id IN ({in_list})")[0][0]
-            while time.time() * 1000 < w1 and not first_done:
+
+            def first_done() -> int | None:
+                v = _query(f"SELECT MIN(finished_at_ms) FROM run_checkpoints WHERE run_id IN ({in_list})")[0][0]
+                return int(v) if v else None
+
+            # A run that ended before the window opened means the runs were never all in flight at once
+            # (a saturated machine starts the last runs after the first ones finish): then the window
+            # runs its full length and counts the runs that really were in flight in it.
+            ended_before = first_done()
+            while time.time() * 1000 < w1:
+                done = ended_before or first_done()
+                if done and not ended_before:
+                    w1 = min(w1, done)
+                    break
                 time.sleep(0.25)
-                first_done = _query(
-                    f"SELECT MIN(finished_at_ms) FROM run_checkpoints WHERE run_id IN ({in_list})")[0][0]
-            w1 = min(w1, int(first_done)) if first_done else int(time.time() * 1000)
             worker_cpu = sum(cpu_s(pid) - cpu0[name] for name, pid in pids.items())
             redis_cpu = _redis_cpu_s() - redis_cpu0
             out["load_in_window"] = [load0, _loadavg()]
             window = _window(in_list, w0, w1, p)
+            window["all_started_ms"] = all_started_ms
+            window["a_run_ended_before_the_window"] = ended_before is not None
             steps = window["steps"]
             window["worker_cpu_ms_per_step"] = round(worker_cpu * 1000 / steps, 2) if steps else None
             window["redis_cpu_ms_per_step"] = round(redis_cpu * 1000 / steps, 2) if steps else None
