@@ -52,7 +52,7 @@ def redis_failover(cfg: ChaosConfig, times: int = 3, runs: int = 12, progress: P
         cluster.start(2)
         control = control_charge(submit, slow.timeout_s)
         for i in range(times):
-            marks = {n.name: n.log_mark() for n in cluster.nodes}
+            marks = {str(n.name): n.log_mark() for n in cluster.nodes}
             ids = [submit(f"failover-{i}-{n}", QUERIES[n % len(QUERIES)]) for n in range(runs)]
             wait_for(partial(_running, ids, max(1, runs // 2)), 60)
             before = {r.run_id: r for r in rows(ids)}
@@ -134,7 +134,7 @@ def _broker_note(nodes: list[WorkerNode], marks: dict[str, int], restarts: list[
     """What each worker's Celery consumer did about the broker's failover, from its log."""
     parts = []
     for node in nodes:
-        text = node.logs(since=marks.get(node.name, 0))
+        text = node.logs(since=marks.get(str(node.name), 0))
         parts.append(f"{node.name}: lost the broker {text.count('Connection to broker lost')}x, exited on "
                      f"'{KOMBU_CLOSE_CRASH}' {text.count(KOMBU_CLOSE_CRASH)}x, "
                      f"connected again {text.count(RECONNECTED)}x "
