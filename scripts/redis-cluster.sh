@@ -30,14 +30,33 @@ start_node() {
     --save '' --appendonly no --logfile "${dir}/redis.log" --pidfile "${dir}/redis.pid"
 }
 
+# Every master has a replica whose link to it is up: otherwise killing that master loses its slots (a
+# replica that is still syncing, or was cut off longer than the validity factor, will not fail over).
+replicas_ready() {
+  local masters linked any=""
+  for p in "${ports[@]}"; do ping "$p" && { any="$p"; break; }; done
+  [ -n "$any" ] || return 1
+  masters=$(redis-cli -h 127.0.0.1 -p "$any" cluster nodes 2>/dev/null | awk '$3 ~ /master/ && $3 !~ /fail/ && NF > 8 {print $1}' | sort -u)
+  linked=""
+  for p in "${ports[@]}"; do
+    local info
+    info=$(redis-cli -h 127.0.0.1 -p "$p" info replication 2>/dev/null | tr -d '\r')
+    if echo "$info" | grep -q '^role:slave' && echo "$info" | grep -q '^master_link_status:up'; then
+      linked="${linked} $(redis-cli -h 127.0.0.1 -p "$p" cluster nodes 2>/dev/null | awk '$3 ~ /myself/ {print $4}')"
+    fi
+  done
+  for m in $masters; do echo "$linked" | grep -q "$m" || return 1; done
+  return 0
+}
+
 wait_ok() {
-  for _ in $(seq 1 150); do
+  for _ in $(seq 1 300); do
     local ok=1
     for p in "${ports[@]}"; do [ "$(state "$p")" = ok ] || ok=0; done
-    [ "$ok" = 1 ] && return 0
+    [ "$ok" = 1 ] && replicas_ready && return 0
     sleep 0.2
   done
-  echo "cluster on ${base}: not ok after 30 s" >&2
+  echo "cluster on ${base}: not ok (state, or a master without a synced replica) after 60 s" >&2
   return 1
 }
 
