@@ -100,7 +100,8 @@ def test_stale_epoch_write_is_refused_everywhere(store):
     assert hold(run.run_id)["state"] == "held", "a fenced-out holder must not settle"
     with transaction() as conn:
         steps = conn.execute(sa.text("SELECT COUNT(*) FROM run_steps WHERE run_id = :r"), {"r": run.run_id}).scalar()
-        outcome = conn.execute(sa.text("SELECT outcome FROM run_attempts WHERE id = :i"), {"i": old.attempt_id}).scalar()
+        outcome = conn.execute(sa.text("SELECT outcome FROM run_attempts WHERE id = :i"),
+                               {"i": old.attempt_id}).scalar()
     # On MySQL each checkpoint is one query ending in COMMIT: every statement after the fenced UPDATE
     # must be fenced too, or a refused holder would still add its step row and close its attempt.
     assert steps == 0, "a fenced-out checkpoint writes no step row"
