@@ -29,7 +29,6 @@ from typing import Any
 from chaos.harness import (
     QUERIES,
     ChaosConfig,
-    clear_faults,
     control_charge,
     judge,
     owner_pid,
@@ -182,8 +181,8 @@ def cluster_master_kill(cfg: ChaosConfig, times: int = 1, runs: int = 8, progres
             nodes.healthy()  # every master with a synced replica, or a kill would lose its slots for good
             faults.arm("before_checkpoint_a", action="stop")
             ids = [submit(f"master-kill-{i}-{n}", QUERIES[n % len(QUERIES)]) for n in range(runs)]
-            hit = faults.next_hit(60)
-            clear_faults()
+            hit = faults.next_hit(60)  # armed once: it fires no more (disarmed at the end; disarming here could
+            # land between the worker's hit and its read of the action, making the stop a hang)
             frozen = cluster.node_of(hit[2]) if hit else None
             if hit is None or frozen is None:
                 result.fail(ids[0], "did_nothing", "no worker stopped before checkpoint A: nothing was frozen")
