@@ -20,7 +20,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Any
 from chaos.harness import (
     QUERIES,
     ChaosConfig,
+    Cluster,
+    clear_faults,
     control_charge,
     judge,
     owner_pid,
@@ -174,7 +177,7 @@ def cluster_master_kill(cfg: ChaosConfig, times: int = 1, runs: int = 8, progres
     # Steps long enough that the kill lands mid-step; enough slots that every run is in flight at once.
     slow = replace(cfg, step_ms=max(cfg.step_ms, 800), concurrency=max(cfg.concurrency, runs // 2 + 1))
     fenced_out = 0
-    with _cluster(slow, faults_armed=True) as (cluster, submit):
+    with _workers(slow) as (cluster, submit):
         cluster.start(2)
         control = control_charge(submit, slow.timeout_s)
         for i in range(times):
@@ -242,6 +245,20 @@ def cluster_master_kill(cfg: ChaosConfig, times: int = 1, runs: int = 8, progres
                                           "fence_rejected after a master kill")
         result.notes.append(f"stale writes refused by the epoch after the kills (fence_rejected): {fenced_out}")
     return result
+
+
+@contextmanager
+def _workers(cfg: ChaosConfig) -> Iterator[tuple[Cluster, Callable[[str, str], str]]]:
+    """scenarios._cluster with its faults disarmed, where the workers are stopped even when disarming fails
+    (the cluster may still be failing over: a raise there must not leave the workers running)."""
+    with _cluster(cfg) as (cluster, submit):
+        try:
+            yield cluster, submit
+        finally:
+            try:
+                clear_faults()
+            except RedisUnavailable as exc:
+                cluster.cfg.log_dir.joinpath("clear-faults.err").write_text(repr(exc))
 
 
 def _answers(key: str) -> bool:
