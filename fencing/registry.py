@@ -29,6 +29,13 @@ QUEUE_LONG = f"{keys.PREFIX}:{TAG}:queue-long"  # HASH queue -> JSON of its warn
 QUEUE_WARNINGS = f"{keys.PREFIX}:{TAG}:queue-warnings"  # HASH queue -> warnings raised so far (a counter)
 OFFLINE_KEEP_MS = 24 * 3_600_000  # offline workers stay listed this long, then go
 OWN_QUEUE_PREFIX = "agents.w."  # a worker's own queue under `reach`: agents.w.<node name>
+URGENT_SUFFIX = ".continue"  # its queue for continuations, rescues, replies and reroutes, consumed first
+
+
+def urgent_queue(queue: str) -> str:
+    """The queue beside a worker's own `queue` that it consumes first: every wake-up but a first one goes
+    there, so a run's next step never waits behind new runs (as `agents.continue` under `shared`)."""
+    return queue + URGENT_SUFFIX
 
 
 def worker(name: str) -> str:
@@ -221,7 +228,10 @@ def prune_pending(name: str, queue: str, before_ms: int) -> int:
     """Drop pending entries older than `before_ms` when the worker's queue is empty: their messages were
     taken (a lost `consumed`) or never sent (a router died between recording and sending). Returns how
     many went. An entry recorded after the queue was read is newer than `before_ms` and stays."""
-    if int(get_broker_redis().llen(keys.broker_queue(queue))):
+    pipe = get_broker_redis().pipeline(transaction=False)
+    pipe.llen(keys.broker_queue(queue))
+    pipe.llen(keys.broker_queue(urgent_queue(queue)))
+    if any(int(n) for n in pipe.execute()):
         return 0
     return int(get_redis().zremrangebyscore(pending(name), "-inf", before_ms))
 

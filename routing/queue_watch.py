@@ -33,8 +33,9 @@ class QueueState:
 
 
 def watched(shared: Iterable[str]) -> list[str]:
-    """The shared queues, then the own queue of each worker that is not offline (O(workers))."""
-    own = [w.queue for w in registry.all_workers() if w.queue and w.status != "offline"]
+    """The shared queues, then the own queues of each worker that is not offline (O(workers))."""
+    own = [q for w in registry.all_workers() if w.queue and w.status != "offline"
+           for q in (registry.urgent_queue(w.queue), w.queue)]
     names = list(shared)
     return names + [q for q in own if q not in names]
 

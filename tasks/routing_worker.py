@@ -31,13 +31,16 @@ _state: dict[str, Any] = {}
 
 @signals.celeryd_after_setup.connect
 def _consume_own_queue(sender: str = "", instance: Any = None, **_: Any) -> None:
-    """Under `reach`, the worker consumes its own queue (agents.w.<node name>) before every shared one."""
+    """Under `reach`, the worker consumes its own queues before every shared one: first the one for
+    continuations, rescues and replies (agents.w.<node name>.continue), then first wake-ups (agents.w.<node name>)."""
     if not policy.reach() or instance is None:
         return
     own = policy.queue_of(str(sender))
+    urgent = registry.urgent_queue(own)
     selected = instance.app.amqp.queues
+    selected.add(Queue(urgent, routing_key=urgent))
     selected.add(Queue(own, routing_key=own))
-    selected.select([own, *[name for name in selected.consume_from if name != own]])
+    selected.select([urgent, own, *[name for name in selected.consume_from if name not in (own, urgent)]])
     _state["queue"] = own
     log.info("routing_own_queue", queue=own)
 

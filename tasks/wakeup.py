@@ -88,8 +88,9 @@ def _route(run_id: str, step: int | None, reason: Reason, kind: str, prefer: str
                     candidates=len(decision.candidates))
     else:
         epoch = registry.routed(decision.worker, run_id, step)
+        queue = decision.queue if reason == "submit" else registry.urgent_queue(decision.queue)
         try:
-            _publish(run_id, step, reason, _direct(decision.queue), decision.queue)
+            _publish(run_id, step, reason, _direct(queue), queue)
         except BaseException:
             registry.consumed_nothing(decision.worker, run_id, step)
             raise

@@ -169,7 +169,9 @@ def test_a_worker_without_heartbeats_goes_offline_and_its_queued_wakeups_go_else
     out = scan.scan(_resend, force=True)
     assert out.offline == ["dead@h"] and out.rerouted == [run_id]
     assert client.hget(registry.worker("dead@h"), "status") == "offline"
-    assert client.llen(policy.queue_of("live@h")) == 1
+    # A reroute is not a first wake-up: it waits in the queue the worker consumes before its new runs.
+    assert client.llen(registry.urgent_queue(policy.queue_of("live@h"))) == 1
+    assert client.llen(policy.queue_of("live@h")) == 0
     assert policy.choose().worker == "live@h", "an offline worker gets nothing"
     last = [e for e in ledger.history(run_id) if e.kind == "routed"][-1]
     assert last.detail["reason"] == "reroute" and last.detail["worker"] == "live@h"
@@ -394,6 +396,10 @@ def test_a_beat_prunes_queued_entries_whose_messages_are_gone(redis_client, sett
     assert client.zrange(registry.pending("w1@h"), 0, -1) == ["fresh|1"]
     client.zadd(registry.pending("w1@h"), {"waiting|2": registry.now_ms() - 5000})
     client.lpush(q, "{}")  # its message still waits: nothing is pruned
+    beat_once("w1@h", {"queue": q, "concurrency": 1}, 0)
+    assert len(client.zrange(registry.pending("w1@h"), 0, -1)) == 2
+    client.delete(q)
+    client.lpush(registry.urgent_queue(q), "{}")  # a continuation waits: nothing is pruned either
     beat_once("w1@h", {"queue": q, "concurrency": 1}, 0)
     assert len(client.zrange(registry.pending("w1@h"), 0, -1)) == 2
 
