@@ -56,10 +56,11 @@ def _backlog_inputs(queues: Sequence[str]) -> tuple[list[str], int]:
     backlog counted outside the script.
 
     Under FENCED_ROUTING=reach first wake-ups wait in the workers' own queues or nowhere (deferred: no
-    worker qualified), not in `queues`: the own queue of every worker not offline joins the lists
-    counted, and the deferred wake-ups the outside count (one more round trip, to fenced's Redis). Both
-    also hold continuations and rescues (a wake-up does not say which it is): the backlog then counts
-    a little more than runs waiting to start, never less."""
+    worker qualified), not in `queues`: the first-wake-up queue of every worker not offline joins the
+    lists counted (its continuation queue does not), and the deferred wake-ups the outside count (one
+    more round trip, to fenced's Redis). The deferred set also holds continuations and rescues (a
+    deferred entry does not say which it is): the backlog may count a little more than runs waiting to
+    start, never less."""
     s = get_settings()
     list_keys = [keys.broker_queue(q) for q in queues]
     outside = 0
