@@ -175,7 +175,7 @@ def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode 
         def busiest_at_moment() -> WorkerNode | None:
             live = [r for r in rows(ids) if r.state == "running" and r.owner]
             by_node: dict[str, list[str]] = {}
-            nodes = {}
+            nodes: dict[str, WorkerNode] = {}
             for r in live:
                 node = cluster.node_of(owner_pid(r.owner) or -1)
                 if node is not None:
