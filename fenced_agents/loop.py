@@ -170,9 +170,8 @@ class AgentLoop:
                 raise TerminalError(f"the model asked for an unknown tool {call.name!r}")
             results[call.id] = runner.with_retries(f"tool {call.name}",
                                                    lambda c=call, t=tool: self._call(runner, t, c.id, c.args))
-            # Sent with the next event (the next tool's start, or step_done): one round trip less per tool.
             runner.emit(f"tool:{call.id}:result", "tool_result", {"id": call.id, "name": call.name,
-                                                                   "result": results[call.id]}, defer=True)
+                                                                   "result": results[call.id]})
         return results
 
     def _call(self, runner: StepRunner, tool: LoopTool, call_id: str, args: dict[str, Any]) -> Any:

@@ -73,8 +73,6 @@ class StepRunner:
         self.last_event_id = run.last_event_id
         # The Redis mirror of the epoch fences event appends; it is raised with this claim's first one.
         self.mirror_raised = False
-        # Events waiting for the next emit's round trip (emit(..., defer=True)); see flush.
-        self._pending: list[tuple[str, str, int, dict[str, Any]]] = []
         self.log = log.bind(run_id=self.run_id, epoch=claim.epoch, step=self.step)
 
     # -- what a program uses -----------------------------------------------------------------------
@@ -83,26 +81,11 @@ class StepRunner:
         if self.lease.lost:
             raise LeaseLost(self.run_id)
 
-    def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None, *, defer: bool = False) -> None:
-        """Append one event; the claim's first one also raises the epoch mirror (same round trip).
-
-        With `defer`, the event waits and goes out in the same round trip as the next event (for one that
-        another follows at once: a tool's result, then the next tool's start or `step_done`). Every
-        durable write that records `last_event_id` comes after a flush; a deferred event lost with its
-        holder (fenced out, lease lost, crash) belongs to a half step the next holder replays under the
-        same event ids."""
-        self._pending.append((eid, type_, self.step, data or {}))
-        if not defer:
-            self.flush()
-
-    def flush(self) -> None:
-        """Append the events waiting (if any) in one round trip."""
-        if not self._pending:
-            return
-        items, self._pending = self._pending, []
-        ids = events.append_many(self.run_id, self.c.epoch, items, raise_mirror=not self.mirror_raised)
+    def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> None:
+        """Append one event; the claim's first one also raises the epoch mirror (same round trip)."""
+        self.last_event_id = events.append(self.run_id, self.c.epoch, eid, type_, self.step, data,
+                                           raise_mirror=not self.mirror_raised)
         self.mirror_raised = True
-        self.last_event_id = ids[-1]
 
     def replies(self) -> list[dict[str, Any]]:
         """A person's answers so far (question, reply), once the run has waited on one."""
@@ -166,7 +149,6 @@ class StepRunner:
         """The run is done: its last record, its answer, settlement and the final event."""
         faults.point("after_tools", self.run_id)
         self.boundary()
-        self.flush()  # the last tool's result: its id is the terminal write's last_event_id
         if record is not None:
             self.history.append(record)
         with metrics.checkpoint_timer("terminal"):
@@ -223,7 +205,6 @@ class StepRunner:
         moment `waiting` commits, and its wake-up must find the lease free. Our index entry stays until
         the park commits, so a crash in between is rescued by the reaper. `run_waiting` is emitted
         after the commit, so a client that replies on seeing it finds the run waiting."""
-        self.flush()  # earlier tools' results, before the park records last_event_id
         if kind == "fixable":
             inputs.ask(self.c, input_id, self.step, question, kind="fixable")
         self.waited = True
@@ -240,7 +221,6 @@ class StepRunner:
         return Outcome("waiting")
 
     def _fail(self, exc: StepError) -> Outcome:
-        self.flush()  # earlier tools' results, before the terminal write records last_event_id
         error_class = exc.failure_class
         charge = runs.finish(self.c, "failed", self.checkpoint(), self.usage, self.last_event_id,
                              error_class=error_class, error=str(exc))
@@ -250,8 +230,5 @@ class StepRunner:
         return Outcome("failed")
 
     def _dead(self, reason: str) -> Outcome:
-        # Events still waiting are dropped: retries ran out (often on Redis itself), the run is dead, and
-        # a replay runs this step again under the same event ids.
-        self._pending.clear()
         endings.dead_letter(self.c, reason, {"step": self.step, "history_steps": len(self.history)})
         return Outcome("dead")
