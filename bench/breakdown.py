@@ -24,7 +24,7 @@ PIECES = (
     ("load run row", "checkpoints.runs", "get_run"),
     ("lease acquire", "fencing.lease.Lease", "acquire"),
     ("claim (epoch + 1)", "checkpoints.runs", "claim"),
-    ("events", "fencing.events", "append_many"),  # append and the step runner's flush both go through it
+    ("events", "fencing.events", "append_many"),  # events.append goes through it
     ("checkpoint A", "checkpoints.runs", "write_decided"),
     ("checkpoint B", "checkpoints.runs", "write_step_done"),
     ("terminal write", "checkpoints.runs", "finish"),
