@@ -11,7 +11,7 @@ import structlog
 
 from fenced_core.settings import get_settings
 from fencing import registry
-from fencing.connection import CLIENT_NAME_PREFIX, get_redis, process_token
+from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis, process_token
 from routing import policy, queue_watch
 
 log = structlog.get_logger("routing.scan")
@@ -82,7 +82,7 @@ def _connections_gone(resend: Resend, out: ScanResult) -> None:
     if not online:
         return
     client = get_redis()
-    connected = {c.get("name", "") for c in client.client_list()}
+    connected = connected_names(client)  # every node's connections on a Redis Cluster
     pipe = client.pipeline(transaction=False)
     for w in online:
         if CLIENT_NAME_PREFIX + w.fields["token"] in connected:
