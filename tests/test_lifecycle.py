@@ -179,7 +179,9 @@ def test_rolling_restart_under_load_interrupts_nothing(workers):
 
 
 def test_a_step_that_overruns_the_drain_is_taken_over(workers):
-    a = workers.start("a", FENCED_STUB_STEP_MS="4000", FENCED_DRAIN_S="1")
+    # a's step (10 s) must still be running when the SIGTERM comes, after b's start-up (seconds on a
+    # loaded machine): with 4 s steps it sometimes ended first and the drain had nothing to overrun.
+    a = workers.start("a", FENCED_STUB_STEP_MS="10000", FENCED_DRAIN_S="1")
     run_id = submit_run("u1", "buy a keyboard")
     wait_for(lambda: workers.holder_of(run_id) is a, 20, "a to hold the run")
     workers.start("b", FENCED_STUB_STEP_MS="200")
