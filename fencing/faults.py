@@ -44,14 +44,29 @@ def point(name: str, run_id: str) -> None:
     if action == "kill":
         os.killpg(os.getpgid(0), signal.SIGKILL)
     elif action == "stop":
-        os.killpg(os.getpgid(0), signal.SIGSTOP)  # the group: a prefork parent and its children too
-        # A stop sent to the group stops each thread as it next enters the kernel: this one could run on
-        # for a few ms first, long enough to commit the very write the point stands before (seen: a
-        # checkpoint A committed in the ms the point fired). Sent to this thread, it stops here.
-        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-        return  # here after SIGCONT (which drops any stop still pending), and goes on writing
+        _stop_group_then_self()
+        return  # here after SIGCONT, and goes on writing
     # hang: this thread alone stops (a tool or HTTP call with no timeout); the process stays alive.
     time.sleep(float(client.hget(keys.FAULTS, f"{name}:hang_s") or 3600))
+
+
+def _stop_group_then_self() -> None:
+    """Freeze this process group (a prefork parent and its children too), this thread last.
+
+    The others first, then this thread by a signal sent to itself, which stops it before the call returns.
+    Two earlier orders failed: a stop sent to the group reached this thread only some ms later (it
+    committed the very write the point stands before), and the group's stop followed by one to this
+    thread stopped the process twice when the first landed between the two: the test's SIGCONT then
+    woke it only into the second stop."""
+    me, group = os.getpid(), os.getpgid(0)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            try:
+                if os.getpgid(int(entry)) == group:
+                    os.kill(int(entry), signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def next_hit(timeout_s: float) -> tuple[str, str, int] | None:
