@@ -208,8 +208,8 @@ def db_retry(fn: Callable[..., T]) -> Callable[..., T]:
     (absolute values, fenced by epoch), because a commit whose reply was lost is retried too. The first
     attempt runs outside tenacity (its bookkeeping cost ~0.03 ms of CPU per transaction, a few per
     step); a transient failure is logged (`db_retry`, as every retry is) and handed to the tenacity loop,
-    whose first attempt comes at once (a pooled connection that died with the server is replaced)."""
-    retrying = _tenacity_retry(fn)
+    whose first attempt comes at once (a pooled connection that died with the server is replaced). The
+    tenacity wrapper is built only then: in_txn and in_raw_txn decorate a fresh function per call."""
 
     @functools.wraps(fn)
     def first_then_retry(*args: Any, **kwargs: Any) -> T:
@@ -220,7 +220,7 @@ def db_retry(fn: Callable[..., T]) -> Callable[..., T]:
                 raise
             log.warning("db_retry", attempt=1, fn=getattr(fn, "__qualname__", "?"), sleep_s=0.0,
                         error=repr(exc)[:300])
-        return retrying(*args, **kwargs)
+        return _tenacity_retry(fn)(*args, **kwargs)
 
     return first_then_retry
 
