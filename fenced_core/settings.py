@@ -211,7 +211,10 @@ def describe(exc: ValidationError) -> str:
     """A settings ValidationError as lines a user can act on: `FENCED_X='value': what is accepted`."""
     lines = []
     for err in exc.errors():
-        name = "FENCED_" + "_".join(str(part) for part in err["loc"][:1]).upper()
         msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a check across settings: its message names the settings it is about
+            lines.append(msg)
+            continue
+        name = "FENCED_" + "_".join(str(part) for part in err["loc"][:1]).upper()
         lines.append(f"{name}={err.get('input')!r}: {msg}")
     return "; ".join(lines)

@@ -31,3 +31,13 @@ def test_unknown_schemes_are_refused_naming_the_field():
         Settings(redis_url="http://127.0.0.1:6379")
     with pytest.raises(ValidationError, match=r"broker_url\n.*accepted: redis://"):
         Settings(broker_url="amqp://127.0.0.1")
+
+
+def test_a_check_across_settings_reads_as_one_line_without_the_input_dump():
+    from fenced_core.settings import describe
+
+    with pytest.raises(ValidationError) as caught:
+        Settings(redis_url="redis+cluster://127.0.0.1:7000", broker_url="")
+    line = describe(caught.value)
+    assert line.startswith("broker_url: FENCED_REDIS_URL names a Redis Cluster"), line
+    assert "{" not in line and "FENCED_=" not in line, line
