@@ -10,9 +10,11 @@ from fenced_core.errors import ConfigError
 from fenced_core.pools import default_concurrency, split_pool
 from fenced_core.settings import get_settings
 from tasks import queues
+from tasks.kombu_client_cache import install as _reuse_publish_clients
 from tasks.kombu_close_fix import install as _keep_workers_through_broker_failover
 
 _keep_workers_through_broker_failover()  # kombu 5.7's close path would end the worker (tasks/kombu_close_fix.py)
+_reuse_publish_clients()  # kombu 5.7 builds a redis-py client per publish (tasks/kombu_client_cache.py)
 
 try:
     _settings = get_settings()
