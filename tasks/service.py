@@ -1,4 +1,5 @@
-"""What a front end offers on runs (status, list, events, ledger, cancel, reply, replay), scoped to a caller.
+"""What a front end offers on runs (status, list, events, ledger, cards, confirm, cancel, reply, replay),
+scoped to a caller.
 
 The CLI and the HTTP API call these and only parse and print, so both answer alike. `user_id` is the
 caller: None is an operator (every run); a user sees only their own runs, and another user's run is
@@ -7,27 +8,40 @@ dataclass (or a list of them) that `dataclasses.asdict` turns into JSON-ready da
 
 Only reads and the operations of tasks.control are here: nothing writes the stores directly, so a
 front end crashing or taken over mid-call leaves what those operations leave (each is one database
-transaction, then idempotent Redis follow-ups). An example's own operations live with the example
-(the shopping demo's cart cards and confirm: examples/shopping/cards.py).
+transaction, then idempotent Redis follow-ups).
+
+An app adds its own extras through a seam: `register_cards(provider)` (the shopping example registers
+its cart cards when it is imported) makes `cards_for`, `get_card` and `confirm_card` answer with the
+app's cards, so the front ends never import an app. With none registered, a run has no cards and a card
+id names none (CardNotFound).
+
+Store errors leave as StoreUnavailable (a subclass per store, translated where the driver is called):
+a front end answers "try again later", and every operation here is safe to retry.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 import re
+import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
-import redis
+import structlog
 
 from checkpoints import billing, history, inputs, ledger, lifecycle, runs
 from checkpoints.db import transaction
 from checkpoints.ledger import Entry
 from checkpoints.lifecycle import Cancelled, DeadLetter
 from checkpoints.schema import RUN_STATES, TERMINAL_STATES, run_checkpoints
-from fenced_core.errors import InvalidRequest, RunNotFound
+from fenced_core.errors import InvalidRequest, RunNotFound, StoreUnavailable
+from fenced_core.settings import get_settings
 from fencing import events as ev
 from tasks import control
+
+log = structlog.get_logger("tasks.service")
 
 FINAL_EVENT_IDS = frozenset(eid for eid, _type in ev.FINAL_EVENTS.values())
 MAX_PAGE = 10_000
@@ -119,7 +133,7 @@ def _scoped(run: runs.Run | None, user_id: str | None, run_id: str) -> runs.Run:
 
 def resolve_id(text: str, user_id: str | None = None) -> str:
     """The run id `text` names: the id itself, or the only run id starting with it (4+ hex characters).
-    RunNotFound when none (of this caller's) matches; InvalidRequest when the prefix is ambiguous."""
+    RunNotFound when none (of this caller's) matches; InvalidRequest when the prefix is ambiguous. Reads only."""
     run = runs.peek_run(text)
     if run is not None and (user_id is None or run.user_id == user_id):
         return run.run_id
@@ -138,7 +152,10 @@ def resolve_id(text: str, user_id: str | None = None) -> str:
 
 
 def get_run(run_id: str, user_id: str | None = None) -> RunView:
-    """The run as its row says now, with its holds and (when waiting) its unanswered question."""
+    """The run as its row says now, with its holds and (when waiting) its unanswered question.
+
+    Committed state only: after a crash the row shows the last checkpoint (the step a takeover resumes),
+    and during a takeover `epoch` and `owner` name the newest claim; a fenced-out holder's writes never show."""
     run = _scoped(runs.get_run(run_id), user_id, run_id)
     question = None
     if run.state == "waiting":
@@ -147,12 +164,13 @@ def get_run(run_id: str, user_id: str | None = None) -> RunView:
 
 
 def status(run_id: str, user_id: str | None = None, ledger_tail: int = 10) -> RunStatus:
-    """get_run plus the last `ledger_tail` ledger entries and the number of stored events."""
+    """get_run plus the last `ledger_tail` ledger entries and the number of stored events (None when Redis
+    is unreachable: the row, from the database, still answers). Reads only, as get_run."""
     view = get_run(run_id, user_id)
     entries = ledger.history(run_id)
     try:
         count: int | None = len(ev.read(run_id))
-    except redis.RedisError:
+    except StoreUnavailable:  # Redis unreachable (fencing's client raises RedisUnavailable): the row still shows
         count = None
     return RunStatus(view, entries[-ledger_tail:] if ledger_tail else [], len(entries), count)
 
@@ -171,7 +189,8 @@ def _uncursor(cursor: str) -> tuple[int, str]:
 
 def list_runs(user_id: str | None = None, state: str | None = None, limit: int = 20,
               cursor: str | None = None) -> RunPage:
-    """The caller's runs (an operator: everyone's), newest first, `limit` per page, optionally in one state."""
+    """The caller's runs (an operator: everyone's), newest first, `limit` per page, optionally in one state.
+    Reads committed rows only; a cursor stays valid across crashes and takeovers (it names a row, not a worker)."""
     if state is not None and state not in RUN_STATES:
         raise InvalidRequest(f"state must be one of {', '.join(RUN_STATES)}, not {state!r}")
     if not 1 <= limit <= MAX_PAGE:
@@ -185,7 +204,8 @@ def list_runs(user_id: str | None = None, state: str | None = None, limit: int =
 def events(run_id: str, user_id: str | None = None, after: str | None = None, raw: bool = False) -> EventPage:
     """The run's events: the live view, or every entry as stored with `raw`. With `after` (a stream
     id from an earlier answer): only entries appended since, as stored; a client merges them by `eid`
-    (a replayed event reuses its id). Raises redis errors when Redis is unreachable."""
+    (a replayed event reuses its id). Raises StoreUnavailable when Redis is unreachable. Reads only:
+    safe during a takeover (a superseded half step is hidden from the live view) and after any crash."""
     if after is not None and not re.fullmatch(r"\d{1,20}(-\d{1,20})?", after):
         raise InvalidRequest(f"after must be a stream id like 1700000000000-0, not {after!r}")
     _scoped(runs.peek_run(run_id), user_id, run_id)
@@ -196,21 +216,26 @@ def events(run_id: str, user_id: str | None = None, after: str | None = None, ra
 
 
 def ledger_of(run_id: str, user_id: str | None = None) -> list[Entry]:
-    """Every decision recorded for the run, with its reason, oldest first."""
+    """Every decision recorded for the run, with its reason, oldest first: takeovers, fence rejections and
+    crashes' replays included (each entry committed with the write it explains)."""
     _scoped(runs.peek_run(run_id), user_id, run_id)
     return ledger.history(run_id)
 
 
 def cancel(run_id: str, by: str, user_id: str | None = None) -> Cancelled:
     """Cancel the run (tasks.control.cancel_run): it ends `cancelled`, what was used is settled, its
-    holder is fenced out. A finished run is a no-op (`noop`). Retried after a crash: idempotent."""
+    holder is fenced out. A finished run is a no-op (`noop`). Retried after a crash: idempotent. The cancel
+    takes an epoch of its own (mirrored in Redis before it commits), so the holder, or one taking it over
+    meanwhile, is fenced out of every later write."""
     _scoped(runs.peek_run(run_id), user_id, run_id)
     return control.cancel_run(run_id, by, user_id=user_id)
 
 
 def reply(run_id: str, text: str, by: str, user_id: str | None = None) -> inputs.Input:
     """Answer the question the waiting run asked; it is queued and woken (tasks.control.reply_to_run).
-    InvalidRequest (nothing written) when it is not waiting or the text is empty."""
+    InvalidRequest (nothing written) when it is not waiting or the text is empty. The reply and the run's
+    return to `queued` commit together; a crash before the wake-up leaves a queued run the sweeper wakes,
+    and a retry after a lost answer is refused (already answered), writing nothing."""
     if not text.strip():
         raise InvalidRequest("the reply must not be empty")
     _scoped(runs.peek_run(run_id), user_id, run_id)
@@ -218,16 +243,158 @@ def reply(run_id: str, text: str, by: str, user_id: str | None = None) -> inputs
 
 
 def dead_letters(limit: int = 50, include_revived: bool = False) -> list[DeadLetter]:
-    """Operators only: runs dead now, newest first (`include_revived`: every case file ever written)."""
+    """Operators only: runs dead now, newest first (`include_revived`: every case file ever written). Reads only."""
     return lifecycle.dead_letters_list(limit, include_revived)
 
 
 def dead_letter(run_id: str) -> DeadLetter:
-    """Operators only: a dead letter's case file (InvalidRequest when the run never was dead-lettered)."""
+    """Operators only: a dead letter's case file (InvalidRequest when the run never was dead-lettered). Reads only."""
     return lifecycle.dead_letter(run_id)
 
 
 def replay_dead_letter(run_id: str, by: str) -> int:
     """Operators only: replay a dead run from its last checkpoint (tasks.control.replay_dead_letter);
-    returns the step it resumes. Admitted and paid like a new run; a refusal writes nothing."""
+    returns the step it resumes. Admitted and paid like a new run; a refusal writes nothing. The worker
+    that claims the replay takes a new epoch, so a zombie of the dead run stays fenced out; a crash after
+    the commit leaves a queued run the sweeper wakes."""
     return control.replay_dead_letter(run_id, by)
+
+
+# -- An app's extras: cart cards (or any confirmable offer) --------------------------------------------------
+
+
+class Card(Protocol):
+    """What the front ends show of an app's card: a confirmable offer a run made (a cart card).
+
+    An app's card type may carry more (the CLI's --json prints every field of a dataclass)."""
+
+    @property
+    def card_id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def user_id(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def items(self) -> list[dict[str, Any]]: ...
+    @property
+    def total_cents(self) -> int: ...
+    @property
+    def expires_at_ms(self) -> int: ...
+
+
+class Order(Protocol):
+    """What confirming a card placed; `reused`: this confirm found the first confirm's order."""
+
+    @property
+    def order_id(self) -> str: ...
+    @property
+    def operation_id(self) -> str: ...
+    @property
+    def card_id(self) -> str: ...
+    @property
+    def user_id(self) -> str: ...
+    @property
+    def created_at_ms(self) -> int: ...
+    @property
+    def reused(self) -> bool: ...
+
+
+class CardProvider(Protocol):
+    """An app's cards, as the service calls them (a module with these three functions will do).
+
+    - `cards_for(run_id)`: the run's committed cards, oldest first ([] when none).
+    - `get_card(card_id)`: the card; InvalidRequest when there is none.
+    - `confirm_card(card_id, user_id)`: act on the card once as its owner. It must be idempotent (a
+      double click or a retry after a crash returns the first order, `reused`) and refuse with
+      InvalidRequest, writing nothing, what cannot be confirmed (another user's card, an expired one,
+      one whose run ended unfinished)."""
+
+    def cards_for(self, run_id: str) -> Sequence[Card]: ...
+    def get_card(self, card_id: str) -> Card: ...
+    def confirm_card(self, card_id: str, user_id: str) -> Order: ...
+
+
+class CardNotFound(InvalidRequest):
+    """No card has this id for this caller (another user's card is not found exactly as a missing one),
+    or no app in this process offers cards. Nothing was written."""
+
+
+_cards: CardProvider | None = None
+_apps_loaded = False
+_apps_lock = threading.Lock()
+
+
+def register_cards(provider: CardProvider | None) -> CardProvider | None:
+    """Make `provider` answer `cards_for`, `get_card` and `confirm_card` in this process (None: no app's
+    cards); returns the provider it replaces. An app calls it when its module is imported, so a worker, the
+    CLI and the API process (which import FENCED_IMPORTS) all see the same cards. Registration is in
+    memory only: it writes nothing, so a crash or a takeover has nothing to undo."""
+    global _cards
+    previous, _cards = _cards, provider
+    return previous
+
+
+def load_apps() -> None:
+    """Import the app modules a worker imports (FENCED_IMPORTS), once per process, so their seams register.
+
+    A module that fails to import is logged and skipped: a front end still answers for the runs."""
+    global _apps_loaded
+    with _apps_lock:
+        if _apps_loaded:
+            return
+        _apps_loaded = True
+        for name in (m.strip() for m in get_settings().imports.split(",")):
+            if name:
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:  # an app's import error must not take the run views down
+                    log.warning("app_import_failed", module=name, error=f"{type(exc).__name__}: {exc}")
+
+
+def card_provider() -> CardProvider | None:
+    """The registered card provider; the first call without one imports FENCED_IMPORTS (load_apps)."""
+    if _cards is None:
+        load_apps()
+    return _cards
+
+
+def cards_for(run_id: str, user_id: str | None = None) -> list[Card]:
+    """The cards the run offered, oldest first ([] when no app offers cards). RunNotFound for another
+    user's run. Reads committed rows only: a card a fenced-out holder tried to create never shows, and a
+    replay after a crash or a takeover shows its decision's first card, not a second one."""
+    _scoped(runs.peek_run(run_id), user_id, run_id)
+    provider = card_provider()
+    return list(provider.cards_for(run_id)) if provider is not None else []
+
+
+def get_card(card_id: str, user_id: str | None = None) -> Card:
+    """The card as committed, scoped to the caller: CardNotFound when there is none, it is another user's,
+    or no app offers cards here. Reads only: safe after any crash and during a takeover."""
+    provider = card_provider()
+    if provider is None:
+        raise CardNotFound(f"no cart card {card_id!r}: no app in this process offers cards "
+                           f"(FENCED_IMPORTS={get_settings().imports!r})")
+    try:
+        card = provider.get_card(card_id)
+    except CardNotFound:
+        raise
+    except InvalidRequest as exc:
+        raise CardNotFound(str(exc)) from None
+    if user_id is not None and card.user_id != user_id:
+        raise CardNotFound(f"no cart card {card_id!r}")
+    return card
+
+
+def confirm_card(card_id: str, user_id: str) -> Order:
+    """Confirm the card as `user_id`, its owner: the app places its order once.
+
+    CardNotFound (nothing written) for a missing card or another user's; InvalidRequest (nothing
+    written) for one the app refuses (expired, its run cancelled, failed or dead). A double click, or a
+    retry after a crash of the caller or of the app's transaction, returns the first order (`reused`):
+    the app keys it by the card, not by the attempt. A takeover of the card's run does not change the card."""
+    get_card(card_id, user_id)
+    provider = card_provider()
+    assert provider is not None  # get_card raised otherwise
+    return provider.confirm_card(card_id, user_id)
