@@ -8,6 +8,9 @@
 - `once`, `ask_user`, `current_run`: effects once per run, questions to a person, the run being executed
   (tasks.context).
 - `install(app)`: put fenced into your own Celery app (tasks.install).
+- `register_cards(provider)`: an app's confirmable cards, shown and confirmed by the CLI and the HTTP API
+  through tasks.service; `fenced.store` (an app's own tables: transactions, perform_once, the ledger),
+  `fenced.testing` (fault points, paid-call metering) and `fenced.config` (settings errors) for apps.
 - `submit_run`, `submit_many` (`SubmitRequest` -> `SubmitOutcome`), `run_agent`, `result`, `wait`: the runtime's
   entry points (tasks).
 """
@@ -18,6 +21,7 @@ from fenced_agents import Agent, InvalidArguments, ToolContext, effect, tool
 from fenced_core.errors import (
     AdmissionRefused,
     BudgetExceeded,
+    ConfigError,
     FencedOut,
     FixableError,
     IdempotencyConflict,
@@ -35,12 +39,15 @@ from tasks.context import current as current_run
 from tasks.fenced_task import FencedTask, RunHandle, step
 from tasks.hooks import Hooks, add_hooks, remove_hooks
 from tasks.install import install
+from tasks.service import CardNotFound, register_cards
 from tasks.submit import SubmitOutcome, SubmitRequest, submit_many
 
 __all__ = [
     "AdmissionRefused",
     "Agent",
     "BudgetExceeded",
+    "CardNotFound",
+    "ConfigError",
     "FencedOut",
     "FencedTask",
     "FixableError",
@@ -65,6 +72,7 @@ __all__ = [
     "effect",
     "install",
     "once",
+    "register_cards",
     "remove_hooks",
     "result",
     "run_agent",
