@@ -3,17 +3,20 @@
 Importing this module registers the agent `shopping` in the process: the worker imports it through
 FENCED_IMPORTS (celeryconfig's `imports`). Its model is FENCED_MODEL: the deterministic stub
 (examples/shopping/stub.py) or an OpenAI-compatible endpoint (FENCED_OPENAI_BASE_URL, _API_KEY, _MODEL).
+Importing it also registers its cart cards (examples/shopping/cards.py) as the process's card provider,
+which `fenced cards`, `fenced confirm` and the HTTP API reach through the service.
 """
 
 from __future__ import annotations
 
 import functools
 
+from examples.shopping import cards
 from examples.shopping.settings import get_shopping_settings
 from examples.shopping.tools import TOOLS
-from fenced import Agent, TerminalError
+from fenced import Agent, TerminalError, register_cards
+from fenced.config import ConfigError
 from fenced.models import Model, OpenAICompatible
-from fenced_core.errors import ConfigError
 
 INSTRUCTIONS = ("You are a shopping assistant. Use the tools to search, compare and, when the user asks to buy, "
                 "add to cart. Answer without tools when you are done.")
@@ -41,3 +44,4 @@ def _openai(model: str, base_url: str, api_key: str) -> OpenAICompatible:
 
 
 shopping = Agent("shopping", model=get_model, instructions=INSTRUCTIONS, max_steps=8, tools=TOOLS)
+register_cards(cards)

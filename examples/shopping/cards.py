@@ -1,8 +1,12 @@
-"""Cart confirmation cards and orders: the shopping demo's effect, built on checkpoints.effects.perform_once.
+"""Cart confirmation cards and orders: the shopping demo's effect, built on fenced.store.perform_once.
 
 add_to_cart offers a card once per decision (run + item ids and quantities); a replay gets the first
 card back, or a fresh one if the first expired unconfirmed. Confirming a card places one order, keyed
 by the card's operation id, so a double click or a retried confirm yields one order number.
+
+This module is the app's card provider (tasks.service.CardProvider): the package registers it with
+`fenced.register_cards` on import, and `fenced cards`, `fenced confirm` and the HTTP API reach it through
+the service. It uses only the public API (fenced, fenced.store, fenced.testing).
 """
 
 from __future__ import annotations
@@ -15,15 +19,20 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from checkpoints import ledger
-from checkpoints.db import in_txn, transaction
-from checkpoints.effects import perform_once
-from checkpoints.runs import Claim, now_ms
-from checkpoints.schema import TERMINAL_STATES, run_checkpoints
 from examples.shopping.schema import cart_cards, orders
 from examples.shopping.settings import get_shopping_settings
 from fenced import InvalidRequest
-from fencing import faults
+from fenced.store import (
+    ENDED_UNFINISHED_STATES,
+    Claim,
+    in_transaction,
+    ledger_append,
+    now_ms,
+    perform_once,
+    run_state,
+    transaction,
+)
+from fenced.testing import fault_point
 
 ACTION = "add_to_cart"  # the effect's action: part of every card's request key
 MAX_QTY = 99  # per line of a card: bounds every total far below the column's range
@@ -107,7 +116,7 @@ def create_cart_card(c: Claim, items: list[dict[str, Any]]) -> Card:
             return f"is card {first['card_id']}, which expired unconfirmed at {row.expires_at_ms} ms"
         return None
 
-    faults.point("before_effect", c.run.run_id)
+    fault_point("before_effect", c.run.run_id)
     result, reused = perform_once(c, ACTION, decision, create, unusable)
     card = get_card(result["card_id"])
     return Card(**{**card.__dict__, "reused": reused})
@@ -131,7 +140,7 @@ def cards_for(run_id: str) -> list[Card]:
 
 
 # A run that ended without finishing its work (or was stopped) takes its real-world effect with it.
-UNCONFIRMABLE_STATES = tuple(s for s in TERMINAL_STATES if s != "done")
+UNCONFIRMABLE_STATES = ENDED_UNFINISHED_STATES
 
 
 @dataclass(frozen=True)
@@ -154,7 +163,7 @@ def confirm_card(card_id: str, user_id: str) -> Order:
     Someone else's card, an expired one, or one whose run was cancelled, failed or dead-lettered is
     refused with InvalidRequest and nothing is written (a card of a live or done run can be confirmed,
     also while another worker takes the run over)."""
-    return in_txn(_confirm_txn, card_id, user_id)
+    return in_transaction(_confirm_txn, card_id, user_id)
 
 
 def _confirm_txn(conn: Connection, card_id: str, user_id: str) -> Order:
@@ -169,8 +178,7 @@ def _confirm_txn(conn: Connection, card_id: str, user_id: str) -> Order:
         return Order(existing["order_id"], existing["operation_id"], existing["card_id"], existing["user_id"],
                      existing["created_at_ms"], reused=True)
     # A shared lock: a cancel of the run waits for this order, or this confirm sees the cancel.
-    run = conn.execute(sa.select(run_checkpoints.c.state, run_checkpoints.c.epoch)
-                       .where(run_checkpoints.c.run_id == card["run_id"]).with_for_update(read=True)).first()
+    run = run_state(conn, card["run_id"], lock=True)
     if run is None or run.state in UNCONFIRMABLE_STATES:
         state = run.state if run is not None else "gone"
         raise InvalidRequest(f"card {card_id} belongs to run {card['run_id']}, which is {state}; nothing was ordered")
@@ -186,9 +194,9 @@ def _confirm_txn(conn: Connection, card_id: str, user_id: str) -> Order:
         row = conn.execute(sa.select(orders).where(orders.c.operation_id == card["operation_id"])).mappings().one()
         return Order(row["order_id"], row["operation_id"], row["card_id"], row["user_id"], row["created_at_ms"],
                      reused=True)
-    faults.point("in_confirm", card["run_id"])
+    fault_point("in_confirm", card["run_id"])
     conn.execute(cart_cards.update().where(cart_cards.c.card_id == card_id)
                  .values(state="confirmed", confirmed_at_ms=now))
-    ledger.record_txn(conn, card["run_id"], run.epoch, user_id, "order_placed",
+    ledger_append(conn, card["run_id"], run.epoch, user_id, "order_placed",
                       f"card {card_id} confirmed: order {order_id} under operation {card['operation_id']}")
     return Order(order_id, card["operation_id"], card_id, user_id, now)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
 
-from checkpoints.schema import Ident
+from fenced.store import Ident
 
 metadata = MetaData()
 

@@ -8,8 +8,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fenced_core.errors import ConfigError
-from fenced_core.settings import describe
+from fenced.config import settings_error
 
 
 class ShoppingSettings(BaseSettings):
@@ -38,8 +37,8 @@ class ShoppingSettings(BaseSettings):
 @functools.cache
 def get_shopping_settings() -> ShoppingSettings:
     """The demo's settings, read once per process from the environment (cache_clear() re-reads them, as
-    for fenced_core.settings.get_settings). Raises ConfigError with one line per bad variable."""
+    for fenced's own settings). Raises ConfigError with one line per bad variable."""
     try:
         return ShoppingSettings()
     except ValidationError as exc:
-        raise ConfigError(describe(exc)) from None
+        raise settings_error(exc) from None

@@ -20,8 +20,7 @@ from typing import Any
 from examples.shopping.settings import get_shopping_settings
 from fenced import TerminalError, TransientError
 from fenced.models import AgentContext, Decision, ToolCall
-from fenced_core.settings import get_settings
-from fencing.metering import count_paid_call
+from fenced.testing import count_paid_call, faults_enabled
 
 STEPS = ("planner", "item_search", "compare", "shopping_summary")
 _CART_WORDS = ("buy", "cart", "order", "purchase")
@@ -54,7 +53,7 @@ class StubModel:
         self.count_paid = s.stub_count_paid
         # The test markers ([poison] kills its own worker) are live only where fault points are: in the
         # test suite and chaos runs (FENCED_FAULTS_ENABLED), never in a demo or deployment.
-        self.markers = get_settings().faults_enabled
+        self.markers = faults_enabled()
 
     def decide(self, ctx: AgentContext) -> Decision:
         self._misbehave(ctx)
