@@ -6,8 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from examples.shopping.cards import Card
-from tasks.service import RunSummary, RunView
+from tasks.service import Card, RunSummary, RunView
 
 # Run and card ids are uuids and `card_<hex>`: visible ASCII, no slash. Anything else cannot name one.
 RUN_ID_PATTERN = r"^[!-.0-~]+$"
@@ -48,7 +47,8 @@ class Question(BaseModel):
 
 
 class CardOut(BaseModel):
-    """A cart confirmation card the run offered (the shopping example); confirm it with POST /api/cards/{id}/confirm."""
+    """A cart confirmation card the run offered (an app's, through tasks.service's card seam: the shopping
+    example's); confirm it with POST /api/cards/{id}/confirm."""
 
     card_id: str
     state: str = Field(description="offered or confirmed")
@@ -117,7 +117,7 @@ def charge_of(holds: list[dict[str, Any]]) -> Charge | None:
 
 
 def run_out(view: RunView, cards: list[Card]) -> RunOut:
-    """One run's JSON: the service's view plus the cards the shopping example offered for it."""
+    """One run's JSON: the service's view plus the cards an app offered for it (service.cards_for)."""
     q = view.question
     question = None if q is None else Question(text=q.question, kind=q.kind, asked_at_ms=q.asked_at_ms)
     return RunOut(**_summary_fields(view), agent_version=view.agent_version, phase=view.phase,

@@ -1,7 +1,8 @@
 """The runs API: submit, read, list, cancel and reply to the caller's runs, and confirm their cart cards.
 
 Thin: each route validates its input (pydantic, 422 naming the field), calls tasks.service (or
-tasks.submit, or the shopping example's cards) scoped to the caller, and shapes the answer. Another
+tasks.submit) scoped to the caller, and shapes the answer; an app's cards come through the service's card
+seam, never from the app itself. Another
 user's run or card is a 404, exactly as a missing one. Nothing here keeps state between requests.
 """
 
@@ -13,7 +14,6 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from checkpoints import runs as run_rows
-from examples.shopping import cards as shop_cards
 from fenced_api.auth import Caller, caller
 from fenced_api.errors import ApiError, bad_field, not_found, responses
 from fenced_api.models import RUN_ID_PATTERN, RunOut, RunSummaryOut, check_text, run_out, summary_out
@@ -114,7 +114,7 @@ class OrderOut(BaseModel):
 
 def _view(run_id: str, who: Caller) -> RunOut:
     view = service.get_run(run_id, who.user_id)
-    return run_out(view, shop_cards.cards_for(run_id))
+    return run_out(view, service.cards_for(run_id, who.user_id))
 
 
 @router.post("/runs", status_code=201, response_model=RunOut,
@@ -174,8 +174,8 @@ def get_run(run_id: RunId, who: Who) -> RunOut:
     """One of the caller's runs: state, step, epoch, answer, usage, charge, cards, and the question when waiting.
     An operator (admin key) may read any run, as on its live stream and dashboard page; acting on a run
     (cancel, reply, confirm) stays its owner's."""
-    view = service.get_run(run_id, None if who.admin else who.user_id)
-    return run_out(view, shop_cards.cards_for(run_id))
+    scope = None if who.admin else who.user_id
+    return run_out(service.get_run(run_id, scope), service.cards_for(run_id, scope))
 
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelOut, responses=responses(404))
@@ -211,13 +211,9 @@ def confirm(card_id: CardId, who: Who) -> OrderOut:
     a retry after a crash, on any replica, returns the first order; a takeover of the run does not
     change the card."""
     try:
-        card = shop_cards.get_card(card_id)
-    except InvalidRequest:
+        order = service.confirm_card(card_id, who.user_id)
+    except service.CardNotFound:
         raise not_found("cart card with this id") from None
-    if card.user_id != who.user_id:
-        raise not_found("cart card with this id")
-    try:
-        order = shop_cards.confirm_card(card_id, who.user_id)
     except InvalidRequest as exc:
         raise ApiError(409, str(exc)) from None
     return OrderOut(order_id=order.order_id, card_id=order.card_id, operation_id=order.operation_id,

@@ -73,12 +73,11 @@ def submit(
 @app.command()
 def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
     """A run's state, owner, usage, charge, answer, cards, recent ledger and event count."""
-    from examples.shopping.cards import cards_for
     from tasks import service
 
     shown = service.status(resolve_run(run_id).run_id)
     run, holds, entries = shown.run, shown.run.holds, shown.ledger
-    cards = cards_for(run.run_id)
+    cards = service.cards_for(run.run_id)
     if as_json:
         emit_json({**run_dict(run), "holds": holds, "cards": [vars(c) for c in cards],
                    "ledger": [vars(e) for e in entries], "ledger_entries": shown.ledger_entries,
