@@ -148,7 +148,11 @@ class _TaskProgram:
 
 @dataclass(frozen=True)
 class RunHandle:
-    """A submitted fenced run: `id` is its run id (also the Celery task id of its first wake-up)."""
+    """A submitted fenced run: `id` is its run id (also the Celery task id of its first wake-up).
+
+    Only the id is held: the handle outlives the submitting process, and reading through it after a
+    worker's crash or a takeover shows committed state only (the run's last checkpoint, the answer its
+    fenced terminal write stored once)."""
 
     id: str
 

@@ -20,7 +20,9 @@ ENDED = TERMINAL_STATES  # done, failed, cancelled, dead: a replay is the only w
 
 @dataclass(frozen=True)
 class RunResult:
-    """A run as its row says now. `answer` is set when `state` is done; `error` says why otherwise."""
+    """A run as its row says now. `answer` is set when `state` is done; `error` says why otherwise.
+
+    A snapshot of committed state: a crash or a takeover after it was read may move the run on, never back."""
 
     run_id: str
     state: str
@@ -36,7 +38,11 @@ class RunResult:
 
 
 def result(run_id: str) -> RunResult:
-    """The run's state and outcome now; raises RunNotFound for an unknown id."""
+    """The run's state and outcome now; raises RunNotFound for an unknown id.
+
+    Reads the committed row only: after a worker's crash it shows the last checkpoint (the step a
+    takeover resumes), never a half-written step; during a takeover, a fenced-out holder's writes never
+    show; `answer` is set once, by the holder whose terminal write passed the fence."""
     run = runs.peek_run(run_id)
     if run is None:
         raise RunNotFound(f"no run {run_id!r}")

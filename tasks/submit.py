@@ -141,7 +141,10 @@ def _may_exist(run_id: str) -> bool:
 
 @dataclass(frozen=True)
 class SubmitRequest:
-    """One run for submit_many: what submit_run takes (`input` is its query), as a value."""
+    """One run for submit_many: what submit_run takes (`input` is its query), as a value.
+
+    With an `idempotency_key`, submitting it again after a crash of the submitter (the reply lost) returns
+    the run the first submit created; nothing is run twice. A takeover of the run does not concern it."""
 
     user_id: str
     input: str
@@ -155,7 +158,10 @@ class SubmitRequest:
 class SubmitOutcome:
     """One request's outcome: the run id (created now, or earlier under the same idempotency key:
     `deduplicated`), or the refusal (AdmissionRefused, InsufficientCredits or InvalidRequest, with its
-    message), and then nothing was written for that request."""
+    message), and then nothing was written for that request.
+
+    `run_id` names a committed run: if the submitter crashes after the commit and before the wake-up, the
+    sweeper sends it; a takeover of the run later does not change the id."""
 
     run_id: str | None
     refused: AdmissionRefused | InvalidRequest | None = None
