@@ -16,7 +16,7 @@ from typing import Any
 from fenced_core.settings import get_settings
 from fencing import keys
 from fencing.broker import get_broker_redis
-from fencing.connection import get_redis
+from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis
 
 TAG = "{routing}"
 WORKERS = f"{keys.PREFIX}:{TAG}:workers"  # ZSET worker name -> last heartbeat ms (online and offline)
@@ -27,6 +27,7 @@ FEED = f"{keys.PREFIX}:{TAG}:feed"  # STREAM of routing warnings (queue too long
 FEED_KEEP = 1_000
 QUEUE_LONG = f"{keys.PREFIX}:{TAG}:queue-long"  # HASH queue -> JSON of its warning: the queues over the threshold now
 QUEUE_WARNINGS = f"{keys.PREFIX}:{TAG}:queue-warnings"  # HASH queue -> warnings raised so far (a counter)
+SUSPECTS = f"{keys.PREFIX}:{TAG}:suspects"  # HASH worker -> registry scans in a row without its Redis connection
 OFFLINE_KEEP_MS = 24 * 3_600_000  # offline workers stay listed this long, then go
 OWN_QUEUE_PREFIX = "agents.w."  # a worker's own queue under `reach`: agents.w.<node name>
 URGENT_SUFFIX = ".continue"  # its queue for continuations, rescues, replies and reroutes, consumed first
@@ -193,6 +194,32 @@ def forget(name: str) -> None:
     pipe.zrem(WORKERS, name)
     pipe.delete(worker(name), steps(name), pending(name))
     pipe.execute()
+
+
+def last_beat_ms(name: str) -> int | None:
+    """`name`'s last heartbeat (ms) as the WORKERS index has it, None when it is not listed."""
+    beat = get_redis().zscore(WORKERS, name)
+    return None if beat is None else int(beat)
+
+
+def connection_misses(tokens: Mapping[str, str]) -> dict[str, int]:
+    """For each worker name -> process token: 0 when its process has a Redis connection now (every node's
+    on a Redis Cluster), else the registry scans in a row that found none, this one included."""
+    client = get_redis()
+    connected = connected_names(client)
+    seen = {name: CLIENT_NAME_PREFIX + token in connected for name, token in tokens.items()}
+    pipe = client.pipeline(transaction=False)
+    for name, ok in seen.items():
+        if ok:
+            pipe.hdel(SUSPECTS, name)
+        else:
+            pipe.hincrby(SUSPECTS, name, 1)
+    return {name: 0 if ok else int(n) for (name, ok), n in zip(seen.items(), pipe.execute(), strict=True)}
+
+
+def clear_suspect(name: str) -> None:
+    """Forget `name`'s count of scans without a connection (it was marked offline, or is back)."""
+    get_redis().hdel(SUSPECTS, name)
 
 
 def pending_member(run_id: str, step: int | None) -> str:

@@ -11,7 +11,7 @@ import structlog
 
 from fenced_core.settings import get_settings
 from fencing import registry
-from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis, process_token
+from fencing.connection import process_token
 from routing import policy, queue_watch
 
 log = structlog.get_logger("routing.scan")
@@ -19,7 +19,6 @@ log = structlog.get_logger("routing.scan")
 Resend = Callable[[str, int | None, str, str], None]
 DEFERRED_BATCH = 100
 MISSES_TO_OFFLINE = 2  # scans in a row without a Redis connection of the worker's process
-SUSPECTS = f"{registry.keys.PREFIX}:{registry.TAG}:suspects"  # HASH worker -> scans without a connection
 
 
 offline_after_ms = registry.offline_after_ms
@@ -59,8 +58,8 @@ def _offline(name: str, reason: str, resend: Resend, out: ScanResult) -> None:
     pending = registry.mark_offline(name, reason)
     if pending is None:  # offline already: reroute what a racing router sent it since; forget it when old
         pending = registry.take_pending(name)
-        beat = get_redis().zscore(registry.WORKERS, name)
-        if beat is not None and registry.now_ms() - int(beat) > registry.OFFLINE_KEEP_MS:
+        beat = registry.last_beat_ms(name)
+        if beat is not None and registry.now_ms() - beat > registry.OFFLINE_KEEP_MS:
             registry.forget(name)
     else:
         out.offline.append(name)
@@ -81,22 +80,16 @@ def _connections_gone(resend: Resend, out: ScanResult) -> None:
     online = [w for w in registry.all_workers() if w.status == "online" and w.fields.get("token")]
     if not online:
         return
-    client = get_redis()
-    connected = connected_names(client)  # every node's connections on a Redis Cluster
-    pipe = client.pipeline(transaction=False)
+    misses = registry.connection_misses({w.name: w.fields["token"] for w in online})
     for w in online:
-        if CLIENT_NAME_PREFIX + w.fields["token"] in connected:
-            pipe.hdel(SUSPECTS, w.name)
-        else:
-            pipe.hincrby(SUSPECTS, w.name, 1)
-    for w, seen in zip(online, pipe.execute(), strict=True):
-        if CLIENT_NAME_PREFIX + w.fields["token"] in connected:
+        seen = misses[w.name]
+        if not seen:
             continue
-        if int(seen) >= MISSES_TO_OFFLINE:
-            client.hdel(SUSPECTS, w.name)
+        if seen >= MISSES_TO_OFFLINE:
+            registry.clear_suspect(w.name)
             _offline(w.name, f"its process has no Redis connection on {MISSES_TO_OFFLINE} scans", resend, out)
         elif w.presumed_dead:  # fast takeover checked it already (every liveness tick): no second look
-            client.hdel(SUSPECTS, w.name)
+            registry.clear_suspect(w.name)
             _offline(w.name, "presumed dead by fast takeover: its process has no Redis connection", resend, out)
 
 
