@@ -1,4 +1,5 @@
-"""The house stays a house: arrows run down only (.importlinter) and no module imports itself in a circle."""
+"""The house stays a house: arrows run down only (.importlinter) and no module imports itself in a circle; an
+example app imports only the public API, and the CLI and HTTP API never import an app."""
 
 from __future__ import annotations
 
@@ -18,7 +19,27 @@ def test_every_import_runs_down_the_layers():
     done = subprocess.run([str(lint_imports), "--config", str(ROOT / ".importlinter")], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "1 kept, 0 broken" in done.stdout
+    assert "3 kept, 0 broken" in done.stdout
+
+
+def test_the_app_contracts_catch_an_app_reaching_into_the_runtime(tmp_path):
+    """The forbidden contracts are live: a copy of the tree where the shopping app imports checkpoints and
+    the API imports the app breaks both (and only those)."""
+    import shutil
+
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    with (tmp_path / "examples" / "shopping" / "catalog.py").open("a") as f:
+        f.write("\nfrom checkpoints import db  # noqa\n")
+    with (tmp_path / "fenced_api" / "models.py").open("a") as f:
+        f.write("\nfrom examples.shopping import cards  # noqa\n")
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(lint_imports), "--config", str(ROOT / ".importlinter")], cwd=tmp_path,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0
+    assert "1 kept, 2 broken" in done.stdout, done.stdout[-3000:]
+    assert "examples.shopping.catalog -> checkpoints" in done.stdout
+    assert "fenced_api.models -> examples.shopping" in done.stdout
 
 
 def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
