@@ -80,5 +80,5 @@ def _perform_once_txn(conn: Connection, c: Claim, action: str, key: str, create:
         first = conn.execute(sa.select(effects.c.result).where(effects.c.request_key == key)).scalar_one()
         return json.loads(first), True
     ledger.record_txn(conn, c.run.run_id, c.epoch, c.token, "effect_created", f"{action} done once: {key}",
-                      {"result": result})
+                      {"key": key, "result": result})
     return result, False

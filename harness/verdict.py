@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from checkpoints import billing, ledger, runs
 from checkpoints.db import transaction
-from checkpoints.schema import run_holds
+from checkpoints.schema import effects, run_holds
 from examples.shopping.cards import cards_for
 from fencing import events
 
@@ -20,6 +20,7 @@ CHECKS = {
     "done": "the run ends done with a complete answer",
     "charged_once": "exactly one settled hold, charged what the recorded usage costs",
     "cards": "one cart card where the agent added to cart, none elsewhere",
+    "effects": "each effect (tasks.context.once, an agent's @effect) created once per request key, and kept",
     "paid_once": "one model call paid per step",
     "stream": "the live event view shows each recorded tool call once and one final answer",
 }
@@ -44,6 +45,7 @@ class RunVerdict:
     rescues: int = 0
     resumed_events: int = 0
     finished_by: str | None = None  # lease token of the holder that wrote the terminal state
+    effects: int = 0  # effects created (ledger effect_created), one per request key when the run is sound
     failed: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -62,6 +64,25 @@ def holds_of(run_id: str) -> list[Any]:
     """The billing hold rows of a run (exactly one is expected)."""
     with transaction(readonly=True) as conn:
         return list(conn.execute(sa.select(run_holds).where(run_holds.c.run_id == run_id)).all())
+
+
+def effect_keys(run_id: str) -> set[str]:
+    """The request keys of the effects recorded for a run (one row per key: the key is the primary key)."""
+    with transaction(readonly=True) as conn:
+        return set(conn.execute(sa.select(effects.c.request_key).where(effects.c.run_id == run_id)).scalars())
+
+
+def _effects_problem(run_id: str, entries: list[Any]) -> tuple[int, str | None]:
+    # the key is in the entry's detail (older entries: the end of its reason, "<action> done once: <key>")
+    created = [(e.detail or {}).get("key") or e.reason.rsplit(": ", 1)[-1]
+               for e in entries if e.kind == "effect_created"]
+    twice = sorted({k for k in created if created.count(k) > 1})
+    if twice:
+        return len(created), f"created more than once: {twice}"
+    missing = sorted(set(created) - effect_keys(run_id))
+    if missing:
+        return len(created), f"created but not recorded in effects: {missing}"
+    return len(created), None
 
 
 def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
@@ -97,6 +118,9 @@ def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
                                     f"{n_settled} settlements")
     if v.cards != v.cards_expected or v.cards_expected > 1:
         v.failed["cards"] = f"{v.cards} cards for {v.cards_expected} add_to_cart calls"
+    v.effects, problem = _effects_problem(run_id, entries)
+    if problem:
+        v.failed["effects"] = problem
     if run.model_calls != len(decisions):
         v.failed["paid_once"] = f"{run.model_calls} model calls paid for {len(decisions)} model decisions"
     if check_events:
