@@ -188,8 +188,10 @@ def apis(tmp_path: Path, mysql_store: str) -> Iterator[Any]:
         api.stop()
 
 
-async def _watch(url: str, limit: int | None = None, timeout: float = 60) -> tuple[list[dict[str, Any]], int | None]:
-    """Messages until the server closes (its close code), or `limit` messages (code None: we left)."""
+async def _watch(url: str, limit: int | None = None, timeout: float = 60,
+                 opened: asyncio.Event | None = None) -> tuple[list[dict[str, Any]], int | None]:
+    """Messages until the server closes (its close code), or `limit` messages (code None: we left).
+    `opened` is set once the first message (the snapshot) has arrived."""
     msgs: list[dict[str, Any]] = []
     async with connect(url, ping_interval=None) as ws:
 
@@ -203,6 +205,8 @@ async def _watch(url: str, limit: int | None = None, timeout: float = 60) -> tup
             async with asyncio.timeout(timeout):
                 while limit is None or len(msgs) < limit:
                     msgs.append(json.loads(await ws.recv()))
+                    if opened is not None:
+                        opened.set()
         except ConnectionClosed as exc:
             return msgs, exc.rcvd.code if exc.rcvd else None
         except TimeoutError:
@@ -386,19 +390,30 @@ def test_the_stream_is_the_live_view_and_ends_after_the_final_event(workers, api
     assert run.state == "done"
 
 
-def test_a_takeover_shows_live_with_the_lost_half_step_folded(workers, apis):
+@pytest.mark.parametrize("connect_at", ["before_the_run", "after_the_tools"])
+def test_a_takeover_shows_live_with_the_lost_half_step_folded(workers, apis, connect_at):
+    """The client is shown the dead holder's tool events either live (it connected before the run
+    started) or in its opening snapshot (it connected after the tools ran); either way the takeover's
+    fold names only events the client was shown."""
     api = apis()
     key = api_keys.issue("alice")
-    workers.start("a")
-    workers.start("b")
     faults.arm("after_tools")  # the first step's holder stops after its tools, before checkpoint B
     run_id = submit_run("alice", "buy running shoes")
     killed: list[float] = []
 
     async def go() -> tuple[list[dict[str, Any]], int | None]:
-        task = asyncio.ensure_future(_watch(api.ws(run_id, key), timeout=90))
+        opened = asyncio.Event()
+        task: asyncio.Future[tuple[list[dict[str, Any]], int | None]] | None = None
+        if connect_at == "before_the_run":  # the snapshot is taken while the run is still queued
+            task = asyncio.ensure_future(_watch(api.ws(run_id, key), timeout=90, opened=opened))
+            await asyncio.wait_for(opened.wait(), 20)
+        await asyncio.to_thread(workers.start, "a")
+        await asyncio.to_thread(workers.start, "b")
         hit = await asyncio.to_thread(faults.next_hit, 30)
         assert hit and hit[1] == run_id, hit
+        if task is None:  # the holder is stopped after its tools: they are in the snapshot
+            task = asyncio.ensure_future(_watch(api.ws(run_id, key), timeout=90, opened=opened))
+            await asyncio.wait_for(opened.wait(), 20)
         await asyncio.sleep(0.3)  # the events before the stop reach the client
         killed.append(time.time() * 1000)
         workers.by_pid(hit[2]).kill(signal.SIGKILL)
@@ -406,12 +421,20 @@ def test_a_takeover_shows_live_with_the_lost_half_step_folded(workers, apis):
 
     msgs, code = asyncio.run(go())
     assert code == 1000, (code, msgs[-3:])
+    assert msgs[0]["type"] == "snapshot", msgs[0]
     resumed = [m for m in msgs if m["type"] == "event" and m["event"]["type"] == "task_resumed"]
     assert len(resumed) == 1, "the takeover arrives live, once"
     assert int(resumed[0]["event"]["id"].split("-")[0]) > killed[0], "appended after the SIGKILL"
-    before = [m["event"]["eid"] for m in msgs[:msgs.index(resumed[0])] if m["type"] == "event"]
-    assert resumed[0]["superseded"], "the lost half-step (the dead holder's tool events) is marked"
-    assert set(resumed[0]["superseded"]) <= set(before), "only what the client was shown is folded"
+    in_snapshot = [e["eid"] for e in msgs[0]["events"]]
+    live = [m["event"]["eid"] for m in msgs[:msgs.index(resumed[0])] if m["type"] == "event"]
+    superseded = set(resumed[0]["superseded"])
+    assert superseded, "the lost half-step (the dead holder's tool events) is marked"
+    assert superseded <= set(in_snapshot + live), "only what the client was shown is folded"
+    if connect_at == "after_the_tools":
+        assert superseded <= set(in_snapshot), ("the dead holder's tool events were in the snapshot",
+                                                in_snapshot)
+    else:
+        assert in_snapshot == ["run:queued"] and superseded <= set(live), in_snapshot
     view = _fold(msgs)
     assert not view.problems, view.problems
     assert view.pairs() == live_pairs(run_id)
