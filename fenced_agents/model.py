@@ -21,7 +21,9 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool call a model asked for; `id` is unique in the run (a replay reuses the recorded one)."""
+    """One tool call a model asked for; `id` is unique in the run (a replay reuses the recorded one). It is
+    checkpointed with its decision (checkpoint A), so after a crash or a takeover the same call, with the
+    same id, is run; the live view shows it once."""
 
     id: str
     name: str
@@ -72,6 +74,7 @@ class AgentContext:
 
 class Model(Protocol):
     """A model provider (see the module docstring). Raise TransientError for retryable failures,
-    TerminalError otherwise. Called again after a crash before checkpoint A, never after it."""
+    TerminalError otherwise. Called again after a crash before checkpoint A, never after it: after a
+    takeover past checkpoint A the new holder replays the recorded decision instead (no second paid call)."""
 
     def decide(self, ctx: AgentContext) -> Decision: ...

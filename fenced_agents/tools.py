@@ -29,7 +29,8 @@ class ToolContext:
     """The run a tool or effect is called in: a function whose first parameter is named `ctx` (or is
     annotated ToolContext) gets one. `idempotency_key` is set in an effect only: pass it to an outside
     API, because a crash after that API answered and before the effect's record committed runs the
-    effect again (on the next holder) with the same key."""
+    effect again (on the next holder) with the same key. After a takeover the new holder's context has a
+    higher `epoch`; an effect still attempted through the old one is refused, recording nothing."""
 
     run_id: str
     epoch: int  # the holder's fencing token: a takeover raises it
@@ -116,7 +117,9 @@ class FunctionTool:
 
 
 class InvalidArguments(ValueError):
-    """A model's arguments that do not fit the tool's signature; `problems` names each field."""
+    """A model's arguments that do not fit the tool's signature; `problems` names each field. The tool is
+    not called: the problems go back to the model as the call's result, recorded at checkpoint B, so a
+    crash or a takeover replays the same refusal instead of calling the tool."""
 
     def __init__(self, tool: str, exc: ValidationError | None, problems: list[dict[str, str]] | None = None) -> None:
         self.tool = tool

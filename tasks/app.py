@@ -64,7 +64,12 @@ asynpool.AsynPool.timers = property(lambda self: {self.maintain_pool: MAINTAIN_P
 @app.task(name=RUN_TASK, bind=True, acks_late=True, ignore_result=True, Request=RunRequest,
           throws=(RunEnded,))
 def run_agent(self: Task, run_id: str, step: int | None = None) -> str:
-    """Wake a run up: the run row decides what happens (see tasks.delivery and docs/design.md)."""
+    """Wake a run up: the run row decides what happens (see tasks.delivery and docs/design.md).
+
+    Send it as often as you like (`run_agent.delay(run_id)`): a wake-up for a run someone holds, or for a
+    step already done, does nothing. Acked late: a worker that crashes mid-step leaves the run to be taken
+    over from its last checkpoint (lease expiry, fast takeover, or this message redelivered), and a
+    holder taken over is fenced out of every write it still tries."""
     outcome = deliver(run_id, step, send_next=wakeup.continuation)
     if outcome in ("failed", "dead"):
         raise RunEnded(f"run {run_id} ended {outcome} in this delivery (see `fenced status {run_id}`)")

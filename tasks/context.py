@@ -19,7 +19,11 @@ from fencing import faults
 
 @dataclass(frozen=True)
 class RunContext:
-    """The holder's view of its run: what it may read, and the claim its effects are fenced by."""
+    """The holder's view of its run: what it may read, and the claim its effects are fenced by.
+
+    It belongs to one delivery: after a crash or a takeover the new holder gets its own, with a higher
+    `epoch`, and effects (`once`) and questions (`ask_user`) made through the old one are refused once
+    the new claim exists. `run_id`, `user_id` and `input` never change across takeovers."""
 
     claim: Claim
     step: int
@@ -46,7 +50,9 @@ _current: ContextVar[RunContext | None] = ContextVar("fenced_run", default=None)
 
 
 def current() -> RunContext:
-    """The run this code is executing in; RuntimeError outside a fenced step."""
+    """The run this code is executing in (public as `fenced.current_run`); RuntimeError outside a fenced
+    step. After a crash or a takeover the code runs again under the new holder's context (a new epoch):
+    never keep one across steps."""
     ctx = _current.get()
     if ctx is None:
         raise RuntimeError("not inside a fenced run: effects and ask_user run only in an agent's tool or a "
@@ -86,7 +92,9 @@ def once(action: str, payload: Any, perform: Callable[[str], Any]) -> Any:
 def ask_user(question: str, input_id: str | None = None) -> str:
     """The person's answer to `question`: the first time, the run parks (waiting) until they reply; on
     the replay after the reply, the stored answer is returned. `input_id` names the question (the tool
-    call id in an agent; the step in a task) and must be the same on the replay."""
+    call id in an agent; the step in a task) and must be the same on the replay. The question is stored
+    and the run parked in one fenced write: after a crash or a takeover it is asked once, and a reply
+    that came in meanwhile is the answer the new holder gets."""
     ctx = current()
     key = input_id or ctx.call_id or f"step{ctx.step}"
     answer = inputs.ask(ctx.claim, key, ctx.step, question)

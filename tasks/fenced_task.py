@@ -81,7 +81,12 @@ def step(fn: Callable[P, R]) -> Callable[P, R]:
     not run again), or runs it once for this delivery; its result must be JSON. Transient failures
     (`TransientError`, a database outage) are retried within the step's budget; a `TerminalError` or
     any other exception fails the run; a `FixableError` parks it for a person. Outside a fenced run (a
-    unit test calling the body) it is a plain call."""
+    unit test calling the body) it is a plain call.
+
+    Under a crash: a step whose result was checkpointed is never run again; one that was running when
+    its worker died runs again from its start (make its outside effects `once`). Under a takeover: the
+    old holder's checkpoint write is refused (its epoch is stale), so the result the next step sees is
+    the one the current holder recorded."""
     name = f"{fn.__module__}.{fn.__qualname__}"
 
     @functools.wraps(fn)

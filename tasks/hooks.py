@@ -21,7 +21,13 @@ log = structlog.get_logger("tasks.hooks")
 
 
 class Hooks:
-    """Subclass and override what you need; register with `add_hooks`. Every method is a no-op here."""
+    """Subclass and override what you need; register with `add_hooks`. Every method is a no-op here.
+
+    Each method is called after the commit it reports, outside any fenced transaction, in the process
+    that made the commit; one that raises is logged and never breaks the run. Hooks are notices, not
+    guarantees: a process that crashes right after a commit calls none, and after a takeover the new
+    holder reports its own claim (and `on_takeover`), so a step may be reported twice. Count from the
+    ledger (`fenced explain`) when exactness matters."""
 
     def on_claim(self, run_id: str, epoch: int, step: int, agent: str) -> None:
         """A delivery claimed the run at `step` as holder `epoch` (every claim, takeovers included)."""
@@ -48,7 +54,8 @@ _lock = threading.Lock()
 
 def add_hooks(hooks: Hooks) -> Hooks:
     """Register `hooks` in this process (called in registration order); returns it. Register at import
-    of a module the workers load (FENCED_IMPORTS), so every pool process has it."""
+    of a module the workers load (FENCED_IMPORTS), so every pool process has it, and a worker restarted
+    after a crash, or one whose claim is a takeover, has it too."""
     if not isinstance(hooks, Hooks):
         raise TypeError(f"add_hooks takes a Hooks instance, not {type(hooks).__name__}")
     with _lock:
@@ -57,7 +64,8 @@ def add_hooks(hooks: Hooks) -> Hooks:
 
 
 def remove_hooks(hooks: Hooks) -> None:
-    """Unregister `hooks` (no-op if it is not registered)."""
+    """Unregister `hooks` in this process (no-op if it is not registered). Other processes keep theirs: a
+    run taken over by another worker (after a crash here, say) still reports to the hooks registered there."""
     with _lock:
         if hooks in _hooks:
             _hooks.remove(hooks)

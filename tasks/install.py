@@ -16,7 +16,11 @@ def install(app: Celery) -> Celery:
     the liveness bootstep (reaper, sweeper, liveness checks) and the worker signals (schema migration,
     drain bound). Your own settings win over fenced's defaults, except the broker: wake-ups are sent
     on FENCED_BROKER_URL, so an app configured for another broker is refused (ConfigError) rather than
-    left waiting for messages that never come. Returns `app`; calling it twice changes nothing."""
+    left waiting for messages that never come. Returns `app`; calling it twice changes nothing.
+
+    What it installs is what keeps runs through crashes and takeovers on your app's workers: late acks
+    (a message lives until its delivery ended), the reaper and fast takeover (a dead holder's run is
+    taken over within seconds), the sweeper (a run whose wake-up was lost is woken again)."""
     import celeryconfig
     from fenced_core.settings import get_settings
     from tasks.app import RunEnded, RunRequest, run_agent

@@ -51,7 +51,8 @@ def result(run_id: str) -> RunResult:
 
 def wait(run_id: str, timeout_s: float | None = None, *, until_waiting: bool = True, poll_s: float = 0.2) -> RunResult:
     """Block until the run ended (done, failed, cancelled, dead), or waits on a person (`until_waiting`);
-    raises TimeoutError after `timeout_s`. Survives worker crashes like the run does: it only reads."""
+    raises TimeoutError after `timeout_s`. Survives worker crashes and takeovers like the run does: it
+    only reads the row, which only the current holder can write, so it never sees a superseded answer."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         now = result(run_id)

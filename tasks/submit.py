@@ -50,8 +50,9 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
     a commit whose reply was lost, never turns into an error that would invite a second submit.
 
     Raises AdmissionRefused (a limit; see `retry_after_s`), InsufficientCredits or InvalidRequest, and
-    then nothing was written. If the process dies between the commit and the send, the sweeper sends
-    the wake-up."""
+    then nothing was written. If the process crashes between the commit and the send, the sweeper sends
+    the wake-up. Once submitted, the run survives worker crashes and takeovers on its own: extra
+    wake-ups are harmless (the row decides), and its hold is settled once whoever finishes it."""
     from fenced_core.settings import get_settings
 
     agent = agent or get_settings().default_agent
@@ -181,7 +182,8 @@ def submit_many(requests: Sequence[SubmitRequest]) -> list[SubmitOutcome]:
     A crash after the admission and before the commit leaves slots the sweeper frees (no row) and
     unsent entries pruned after admission.UNSENT_TTL_MS; a crash after the commit and before the
     wake-ups leaves queued runs the sweeper wakes. A store failure raises (StoreUnavailable) after
-    giving back the slots of runs that do not exist; a retry then with the same keys is safe."""
+    giving back the slots of runs that do not exist; a retry then with the same keys is safe. Runs
+    submitted in a batch are independent afterwards: a takeover of one never touches another."""
     default_agent = get_settings().default_agent
     out: list[SubmitOutcome | None] = [None] * len(requests)
     pending: list[tuple[int, runs.NewRun]] = []
