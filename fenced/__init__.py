@@ -21,7 +21,6 @@ from fenced_agents import Agent, InvalidArguments, ToolContext, effect, tool
 from fenced_core.errors import (
     AdmissionRefused,
     BudgetExceeded,
-    ConfigError,
     FencedOut,
     FixableError,
     IdempotencyConflict,
@@ -47,7 +46,6 @@ __all__ = [
     "Agent",
     "BudgetExceeded",
     "CardNotFound",
-    "ConfigError",
     "FencedOut",
     "FencedTask",
     "FixableError",

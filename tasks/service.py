@@ -318,7 +318,8 @@ class CardProvider(Protocol):
 
 class CardNotFound(InvalidRequest):
     """No card has this id for this caller (another user's card is not found exactly as a missing one),
-    or no app in this process offers cards. Nothing was written."""
+    or no app in this process offers cards. Nothing was written, so a retry after a crash is safe; a takeover
+    of the card's run does not change the card's owner, so the answer stays the same."""
 
 
 _cards: CardProvider | None = None
