@@ -29,6 +29,7 @@ from checkpoints import codec, history
 from checkpoints.db import transaction
 from checkpoints.schema import run_steps
 from fenced_api.auth import Caller, caller
+from fenced_api.live import CLOSE_SILENT, live_settings
 from fenced_api.overview import HUB, event_dict
 from tasks import explain, service
 
@@ -36,7 +37,6 @@ log = structlog.get_logger("fenced_api.dashboard")
 router = APIRouter()
 STATIC = Path(__file__).parent / "static"
 FILES = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
-SILENT_S = 45  # a client that sent nothing (its pings come every 30 s) for this long is dropped
 CLOSE_TOO_SLOW = 4008  # the client fell CLIENT_QUEUE messages behind: reconnect for a fresh snapshot
 CLOSE_NOT_ADMIN = 4403
 
@@ -104,26 +104,33 @@ async def run_detail(run_id: str, who: Annotated[Caller, Depends(caller)]) -> di
 @router.websocket("/api/dashboard/live")
 async def live(ws: WebSocket, who: Annotated[Caller, Depends(caller)]) -> None:
     """The operator overview: a snapshot, then increments (see fenced_api.overview). Admin keys only
-    (close 4403 otherwise); the client pings every 30 s and is dropped after 45 s of silence; a client
-    too slow to keep up is closed with 4008 and resynchronises from a new snapshot."""
+    (close 4403 otherwise); the client pings every 30 s and, like a run's live stream, is closed with
+    4408 after live_settings().silent_s (FENCED_LIVE_SILENT_S, 45 s) without a message; a client too
+    slow to keep up is closed with 4008 and resynchronises from a new snapshot."""
     await ws.accept()
     if not who.admin:
         await ws.close(code=CLOSE_NOT_ADMIN, reason="the overview needs an admin key")
         return
+    silent_s = live_settings().silent_s
     client = await run_in_threadpool(HUB.join, asyncio.get_running_loop())
     sender = asyncio.create_task(_send(ws, client))
+    code, reason = 1000, ""
     try:
         while True:
-            message = await asyncio.wait_for(ws.receive_text(), SILENT_S)
+            try:
+                message = await asyncio.wait_for(ws.receive_text(), silent_s)
+            except TimeoutError:
+                code, reason = CLOSE_SILENT, f"silent for {silent_s:g} s"
+                break
             if message == '{"type":"ping"}':
                 client.put({"type": "pong"})
-    except (TimeoutError, WebSocketDisconnect, RuntimeError):  # silent, gone, or closed by the sender
+    except (WebSocketDisconnect, RuntimeError):  # gone, or closed by the sender
         pass
     finally:
         HUB.leave(client)
         sender.cancel()
         with contextlib.suppress(Exception):
-            await ws.close()
+            await ws.close(code=code, reason=reason)
 
 
 async def _send(ws: WebSocket, client: Any) -> None:

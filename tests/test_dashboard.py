@@ -3,6 +3,8 @@ only), a run's page data scoped to its caller, the static files, and the watchdo
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import time
 from pathlib import Path
@@ -11,6 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from checkpoints import api_keys
 from fenced_api.app import create_app
@@ -71,6 +75,46 @@ def test_overview_is_for_admins_only(client):
     with pytest.raises(WebSocketDisconnect) as refused, client.websocket_connect("/api/dashboard/live?key=nope") as ws:
         ws.receive_json()
     assert refused.value.code == 1008
+
+
+def test_a_silent_overview_client_is_closed_with_4408_and_a_pinging_one_is_kept(mysql_store, tmp_path):
+    """As on a run's live stream: FENCED_LIVE_SILENT_S without a message from the client closes the
+    overview socket with 4408 (the page reconnects for a new snapshot); pings keep it open."""
+    from tests.test_api_live import Api
+
+    api = Api(tmp_path, "overview", FENCED_LIVE_SILENT_S="1")
+    url = f"ws://127.0.0.1:{api.port}/api/dashboard/live?key={api_keys.issue('ops', admin=True)}"
+
+    async def session(ping_every: float | None) -> tuple[int | None, float, list[str]]:
+        started, kinds = time.monotonic(), []
+        async with connect(url, ping_interval=None) as ws:  # no protocol pings: only our messages count
+
+            async def pinger() -> None:
+                while ping_every is not None:
+                    await ws.send('{"type":"ping"}')
+                    await asyncio.sleep(ping_every)
+
+            task = asyncio.ensure_future(pinger())
+            try:
+                async with asyncio.timeout(10 if ping_every is None else 3):
+                    while True:
+                        kinds.append(json.loads(await ws.recv())["type"])
+            except ConnectionClosed as exc:
+                return (exc.rcvd.code if exc.rcvd else None), time.monotonic() - started, kinds
+            except TimeoutError:
+                return None, time.monotonic() - started, kinds  # still open
+            finally:
+                task.cancel()
+
+    try:
+        code, after_s, kinds = asyncio.run(session(None))
+        assert code == 4408 and 0.9 < after_s < 5, (code, after_s)
+        assert kinds[0] == "snapshot", kinds
+        code, after_s, kinds = asyncio.run(session(0.3))
+        assert code is None and after_s >= 3, (code, after_s, "a pinging client was dropped")
+        assert kinds[0] == "snapshot" and "pong" in kinds, kinds
+    finally:
+        api.stop()
 
 
 def test_run_page_is_scoped_to_its_caller(client):
