@@ -3,7 +3,8 @@
 Replaying a recorded decision (after a crash, or by a zombie) hits the same key and gets the first
 result back, unless that result can no longer be used (an expired card, say): then the replay performs
 the effect again as a new operation, recorded as such. tasks.context.once is the agents' and tasks' way
-in; the shopping example's cart cards (examples/shopping/cards.py) are built on perform_once directly.
+in; an app with tables of its own (the shopping example's cart cards) uses perform_once through the
+public fenced.store.
 """
 
 from __future__ import annotations
