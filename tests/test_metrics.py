@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 from pathlib import Path
@@ -180,3 +181,32 @@ def test_a_killed_holder_is_counted_as_a_fast_takeover(workers) -> None:
     wait_for(lambda: _value(_scrape(ports[survivor.name]), "fenced_takeovers_total", cause="fast_takeover") == 1,
              10, "the survivor to count a fast takeover")
     assert _value(_scrape(ports[survivor.name]), "fenced_takeovers_total") == 1
+
+
+def test_a_killed_pool_child_is_counted_as_a_child_death_takeover(workers, tmp_path: Path) -> None:
+    """OOM-style: only the prefork pool child running the step dies (SIGKILL); its parent rescues the run
+    at once (fencing.liveness.child_died) and a sibling child takes it over. The parent's endpoint (the
+    children's counters, multiprocess mode) counts one takeover, of cause child_death."""
+    port = _free_port()
+    mp = tmp_path / "prom"
+    mp.mkdir()
+    # A long lease: a takeover can only come from the parent seeing its child die, not from the lease.
+    parent = workers.start("p", pool="prefork", concurrency=2, FENCED_METRICS_PORT=str(port),
+                           PROMETHEUS_MULTIPROC_DIR=str(mp), FENCED_LEASE_TTL_MS="6000", FENCED_HEARTBEAT_MS="1500")
+    faults.arm("after_tools")
+    run_id = submit_run("u1", "headphones")
+    hit = faults.next_hit(30)
+    assert hit and hit[1] == run_id, hit
+    child = hit[2]
+    assert child != parent.pid and workers.by_pid(child) is parent, "the step runs in a pool child"
+    assert _value(_scrape(port), "fenced_takeovers_total") == 0
+    os.kill(child, signal.SIGKILL)  # the child alone, not the process group
+    [run] = wait_terminal([run_id], timeout=40)
+    assert run.state == "done" and parent.alive, "the parent outlived its child"
+    history = ledger.history(run_id)
+    [takeover] = [e for e in history if e.kind == "takeover"]
+    assert takeover_cause(history, takeover.epoch) == "child_death", [e.reason for e in history]
+    wait_for(lambda: _value(_scrape(port), "fenced_takeovers_total", cause="child_death") == 1, 10,
+             "the worker to count a child_death takeover")
+    m = _scrape(port)
+    assert _value(m, "fenced_takeovers_total") == 1, [s for s in m if s[0] == "fenced_takeovers_total"]
