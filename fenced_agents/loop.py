@@ -3,8 +3,9 @@
 model call -> checkpoint A (the decision and its usage) -> tools -> checkpoint B (their results), or the
 terminal write when the decision is final. Resuming from checkpoint A replays the recorded decision (no
 model call; read-only tools rerun, effects return their first result); from B, the next model call.
-Before each model call the run is bounded: step `max_steps` fails the run (MaxStepsExceeded), and so
-does a call whose most expensive outcome the run's billing hold cannot cover (BudgetExceeded).
+Before each model call (not before a replay) the run is bounded by fenced_agents.bounds.check, the check
+FencedAgent makes too: step `max_steps` fails the run (MaxStepsExceeded), and so does a call whose most
+expensive outcome the run's billing hold cannot cover (BudgetExceeded).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from checkpoints import billing
+from fenced_agents import bounds
 from fenced_agents.model import AgentContext, Decision, Model
-from fenced_core.errors import BudgetExceeded, MaxStepsExceeded, TerminalError
+from fenced_core.errors import TerminalError
 from fencing import faults
 from tasks import context
 
@@ -50,21 +51,22 @@ class LoopTool(Protocol):
 class AgentLoop:
     """The step program of an agent: `model` decides, `tools` act. Registered under `name` by its owner.
 
-    `max_steps` bounds the model calls of a run (None: unbounded); `instructions` and the tools' specs
-    are passed to the model in its AgentContext."""
+    `max_steps` bounds the model calls of a run (None: unbounded), and the run's billing hold bounds its
+    model usage (fenced_agents.bounds): the call that would cross either is not made, and the run fails
+    (class `max_steps` or `budget`), settled at most its hold. The check is made from the run's recorded
+    step and usage, so a holder that takes over after a crash or a freeze applies the same bounds.
+    `instructions` and the tools' specs are passed to the model in its AgentContext."""
 
     def __init__(self, name: str, model: Callable[[], Model] | Model, tools: dict[str, Any],
                  version: str = "", tool_delay_s: Callable[[], float] | None = None, *,
                  instructions: str = "", max_steps: int | None = 8) -> None:
-        if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, not {max_steps!r}")
         self.name = name
         self._version = version
         self._model = model
         self.tools: dict[str, LoopTool] = tools
         self._tool_delay_s = tool_delay_s
         self.instructions = instructions
-        self.max_steps = max_steps
+        self.max_steps = bounds.valid_max_steps(max_steps)
 
     @property
     def version(self) -> str:
@@ -135,30 +137,9 @@ class AgentLoop:
         return decision
 
     def _bound(self, runner: StepRunner, model: Model) -> None:
-        """Refuse the model call a runaway run would make: past max_steps, or over the billing hold.
-
-        The estimate is the call's most expensive outcome: the usage recorded so far (since its hold was
-        reopened, for a replayed dead letter) plus the model's `max_tokens` (0 when it has none: then only
-        a run whose usage already exceeds its hold stops), priced as the settlement prices it.
-        Raised before the call, so nothing is paid for it; the runner fails the run and settles the
-        recorded usage, capped at the hold."""
-        if self.max_steps is not None and runner.step >= self.max_steps:
-            raise MaxStepsExceeded(f"agent {self.name!r} took its max_steps={self.max_steps} steps without a final "
-                                   "answer; no further model call was made")
-        held = billing.hold_credits(runner.run.kind)
-        estimate = max(0, int(getattr(model, "max_tokens", 0) or 0))
-        total = runner.usage.prompt_tokens + runner.usage.completion_tokens
-        worst = billing.credits_for(total + estimate, 0, 2**62)
-        if worst > held:
-            # Only now is the hold row read (no extra round trip on the hot path): a dead letter replayed
-            # after its hold closed has a fresh hold that covers only the tokens used since.
-            for hold in billing.holds_for(runner.run_id)[:1]:
-                held = int(hold["credits_held"])
-                worst = billing.credits_for(max(total - int(hold["tokens_settled_before"]), 0) + estimate, 0, 2**62)
-        if worst > held:
-            raise BudgetExceeded(f"step {runner.step}: the model call was not started: {total} tokens used so far "
-                                 f"plus up to {estimate} for this call could cost {worst} credits, over the run's "
-                                 f"hold of {held}")
+        """Refuse the model call a runaway run would make (fenced_agents.bounds.check): past max_steps, or
+        over the billing hold, the estimate being the model's `max_tokens` (0 when it has none)."""
+        bounds.check(runner, self.name, self.max_steps, getattr(model, "max_tokens", 0) or 0)
 
     def _run_tools(self, runner: StepRunner, decision: Decision) -> dict[str, Any]:
         results: dict[str, Any] = {}

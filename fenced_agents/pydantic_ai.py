@@ -9,7 +9,9 @@ node. The checkpoint is the message history, serialised with pydantic-ai's `Mode
 A resume from checkpoint A hands the recorded response back instead of asking the model again; from B, the
 next request is sent with the history so far. Tools named in `effects` run once per (run, tool, arguments)
 through `tasks.context.once`; every other tool is read-only and runs again when a step is replayed. A tool
-that calls `tasks.context.ask_user` parks the run until a person replies. pydantic-ai is an optional extra
+that calls `tasks.context.ask_user` parks the run until a person replies. Before each request is sent, the
+run is bounded as our own agents are (fenced_agents.bounds: `max_steps` and the billing hold, the request's
+`max_tokens` being the estimate). pydantic-ai is an optional extra
 (`pip install 'fenced[pydantic-ai]'`): importing this module needs it, importing `agents` does not.
 """
 
@@ -36,11 +38,13 @@ from pydantic_ai.agent import ModelRequestNode
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError
 from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import merge_model_settings
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_core import to_jsonable_python
 from pydantic_graph import End
 
-from fenced_core.errors import MaxStepsExceeded, StepError, TerminalError, TransientError
+from fenced_agents import bounds
+from fenced_core.errors import StepError, TerminalError, TransientError
 from fencing import faults
 from tasks import context, programs
 
@@ -59,11 +63,19 @@ class FencedAgent:
     Under a crash or a takeover: a step whose response reached checkpoint A is replayed from it (the model is
     not paid again; read-only tools run again, effects return their first result); a step that had not is
     run again from checkpoint B of the step before (that lost model call is the platform's, never billed).
-    A holder that was fenced out writes nothing: its checkpoint, effect and terminal writes are refused."""
+    A holder that was fenced out writes nothing: its checkpoint, effect and terminal writes are refused.
+
+    A runaway stops as our own agents do (fenced_agents.bounds.check, made before each model request that is
+    sent, never before a replayed one): at step `max_steps` (default 8, as `fenced.Agent`; None: no limit) the
+    run fails with class `max_steps`, and a request whose worst case (the run's recorded usage plus the
+    request's `max_tokens` from its model settings, or bounds.DEFAULT_MAX_TOKENS when they set none) the
+    billing hold cannot cover is not sent: the run fails with class `budget`. Either way it is settled at
+    most its hold, with the reason in the ledger. A new holder after a crash or a takeover checks against
+    the step and usage the checkpoints recorded, so it applies the same bounds."""
 
     def __init__(self, agent: Agent[Any, Any], *, name: str | None = None, effects: Iterable[str] = (),
                  version: str = "", deps: Callable[[context.RunContext], Any] | None = None,
-                 max_steps: int | None = None) -> None:
+                 max_steps: int | None = 8) -> None:
         self.agent = agent
         self.name = name or agent.name or ""
         if not self.name:
@@ -71,7 +83,7 @@ class FencedAgent:
         self.version = version
         self.effects = frozenset(effects)
         self.deps = deps
-        self.max_steps = max_steps
+        self.max_steps = bounds.valid_max_steps(max_steps)
         bad = sorted(e for e in self.effects if not e or len(e) > 64)
         if bad:
             raise ValueError(f"effects: a tool name must be 1 to 64 characters, not {bad[0]!r}")
@@ -91,8 +103,6 @@ class FencedAgent:
     # -- the program ---------------------------------------------------------------------------------
     def run_step(self, runner: StepRunner) -> Outcome:
         """One fenced step: one model request (or its recorded response) and the tool calls it asked for."""
-        if self.max_steps is not None and runner.step >= self.max_steps:
-            raise MaxStepsExceeded(f"agent {self.name!r} reached max_steps={self.max_steps} without an answer")
         history = messages_of(runner.history)
         prompt = None if history else runner.run.query
         loop = getattr(_loops, "loop", None)
@@ -275,7 +285,7 @@ class _FencedCapability(AbstractCapability[Any]):
         self.step = step
 
     def get_wrapper_model(self, model: Model) -> Model | None:
-        return _RetryingModel(model, self.step.runner)
+        return _RetryingModel(model, self.step)
 
     async def wrap_model_request(self, ctx: Any, *, request_context: Any, handler: Any) -> ModelResponse:
         params = request_context.model_request_parameters
@@ -287,15 +297,24 @@ class _FencedCapability(AbstractCapability[Any]):
 
 
 class _RetryingModel(WrapperModel):
-    """The agent's model with the runner's retry policy: 429 and 5xx answers and lost connections are retried
-    with backoff inside the step's budget; anything else fails the run."""
+    """The agent's model, bounded and with the runner's retry policy: a request past the run's bounds is not
+    sent (fenced_agents.bounds); 429 and 5xx answers and lost connections are retried with backoff inside the
+    step's budget; anything else fails the run."""
 
-    def __init__(self, wrapped: Model, runner: StepRunner) -> None:
+    def __init__(self, wrapped: Model, step: _Step) -> None:
         super().__init__(wrapped)
-        self.runner = runner
+        self.step = step
+        self.runner = step.runner
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
+        # The last point before the provider: the settings are final (the agent's, the run's and every hook's,
+        # with the model's own under them, as the model merges them).
+        settings = merge_model_settings(self.settings, model_settings) or {}
+        max_tokens = settings.get("max_tokens")
+        fa = self.step.fa
+        bounds.check(self.runner, fa.name, fa.max_steps,
+                     bounds.DEFAULT_MAX_TOKENS if max_tokens is None else int(max_tokens))
         inner = super().request
         active = context.current()
 

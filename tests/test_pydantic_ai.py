@@ -11,12 +11,21 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from checkpoints import runs
+from checkpoints import billing, ledger, runs
 from fencing import events, faults
 from fencing.connection import get_redis
 from harness.verdict import check_run
 from tasks.control import reply_to_run
-from tests.apps.pai_agent import charges_key, model_calls_key, pai_approve, pai_shop, pai_short
+from tests.apps.pai_agent import (
+    charges_key,
+    model_calls_key,
+    pai_approve,
+    pai_runaway,
+    pai_shop,
+    pai_short,
+    pai_spender,
+    pai_spender_default,
+)
 from tests.workers_fixture import wait_for, wait_terminal, wait_zombie_refused
 
 IMPORTS = {"FENCED_IMPORTS": "examples.shopping,tests.apps.pai_agent"}
@@ -149,6 +158,57 @@ def test_max_steps_stops_a_run_that_has_not_answered(workers):
     [run] = wait_terminal([run_id], timeout=30)
     assert (run.state, run.error_class) == ("failed", "max_steps"), (run.state, run.error)
     assert model_calls(run_id) == {0: 1} and charges(run_id) == 0, "step 1 (the charge) never ran"
+
+
+def test_runaways_stop_at_the_default_max_steps_and_at_their_hold(workers):
+    """Runs that never answer: one at FencedAgent's default max_steps (8, fenced.Agent's), two against the
+    20-credit hold at 1200 tokens a call. With max_tokens=2500 in the agent's model settings, a third call
+    could cost (2400 + 2500 tokens) 25 credits; with none set, the estimate is bounds.DEFAULT_MAX_TOKENS
+    (1024), so a fourth could cost (3600 + 1024) 24. Neither is sent; each run fails, charged at most its
+    hold, with the reason in the ledger."""
+    from fenced_agents import bounds
+
+    workers.start("w1", **IMPORTS)
+    looping = pai_runaway.submit("u1", "buy a desk lamp")
+    capped = pai_spender.submit("u2", "buy a desk lamp")
+    uncapped = pai_spender_default.submit("u3", "buy a desk lamp")
+    [loop_run, capped_run, uncapped_run] = wait_terminal([looping, capped, uncapped], timeout=60)
+    held = billing.hold_credits("normal")
+    assert bounds.DEFAULT_MAX_TOKENS == 1024 and held == 20
+
+    assert (loop_run.state, loop_run.error_class, loop_run.model_calls) == ("failed", "max_steps", 8), loop_run.error
+    assert model_calls(looping) == {s: 1 for s in range(8)}, "no ninth request was sent"
+    assert (capped_run.state, capped_run.error_class, capped_run.model_calls) == ("failed", "budget", 2)
+    assert model_calls(capped) == {0: 1, 1: 1}, "the third request was not sent"
+    assert (uncapped_run.state, uncapped_run.error_class, uncapped_run.model_calls) == ("failed", "budget", 3)
+    assert model_calls(uncapped) == {0: 1, 1: 1, 2: 1}, "the fourth request was not sent"
+
+    expected = {looping: ("max_steps=8", billing.credits_for(loop_run.prompt_tokens + loop_run.completion_tokens,
+                                                             0, held)),
+                capped: ("plus up to 2500 for this call could cost 25 credits, over the run's hold of 20", 12),
+                uncapped: ("plus up to 1024 for this call could cost 24 credits, over the run's hold of 20", 18)}
+    for run_id, (why, charge) in expected.items():
+        assert check_run(run_id).credits_charged == charge <= held
+        [final] = [e for e in ledger.history(run_id) if e.kind == "failed"]
+        assert why in final.reason and final.detail["charge"] == charge, final
+        types = [e.type for e in events.read(run_id)]
+        assert types[-1] == "run_failed" and types.count("model_decision") == len(model_calls(run_id))
+
+
+def test_a_fenced_agent_steps_like_our_agents_by_default():
+    import inspect
+
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.models.test import TestModel
+
+    from fenced import Agent
+    from fenced_agents.pydantic_ai import FencedAgent
+
+    default = inspect.signature(Agent).parameters["max_steps"].default
+    assert default == 8 and FencedAgent(PydanticAgent(TestModel(), name="pai_default")).max_steps == default
+    assert FencedAgent(PydanticAgent(TestModel(), name="pai_unbounded"), max_steps=None).max_steps is None
+    with pytest.raises(ValueError, match="max_steps must be at least 1"):
+        FencedAgent(PydanticAgent(TestModel(), name="pai_zero"), max_steps=0)
 
 
 def test_effects_must_name_tools_of_the_agent():

@@ -3,12 +3,14 @@
 Its model is pydantic-ai's FunctionModel: step 0 looks an item up (read-only), step 1 charges for it (an
 effect), step 2 answers; "[pay-first]" swaps the first two steps, "[ask]" first asks the person which size
 (the run parks). It counts, in Redis, each model call per (run, step) and each charge per run, where the
-runtime never writes."""
+runtime never writes. Runaways (`pai_runaway`, `pai_spender`, `pai_spender_default`) never answer: the
+bounds stop them."""
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from pydantic_ai import (
     Agent,
@@ -21,6 +23,7 @@ from pydantic_ai import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
 from fenced.pydantic_ai import FencedAgent
 from fencing.connection import get_redis
@@ -97,6 +100,33 @@ def ask_size(question: str) -> str:
 pai_shop = FencedAgent(shop, effects=set() if DROP_CHARGE else {"charge"}, version="2" if DROP_CHARGE else "1")
 # The same agent allowed one step: a run that has not answered by then stops (failed, max_steps).
 pai_short = FencedAgent(shop, name="pai_short", effects=set() if DROP_CHARGE else {"charge"}, max_steps=1)
+
+
+def _runaway(name: str, usage: tuple[int, int] | None = None, **kw: Any) -> Agent[None, str]:
+    """An agent that never answers: it looks the item up again and again. Each model call is counted like
+    decide's; its usage is `usage` (input, output tokens), or pydantic-ai's estimate (tens of tokens) when None."""
+
+    def run_away(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        ctx = context.current()
+        get_redis().hincrby(model_calls_key(ctx.run_id), str(ctx.step), 1)
+        count_paid_call(ctx.run_id, ctx.epoch, ctx.step)
+        response = ModelResponse(parts=[ToolCallPart("lookup", {"item": "desk lamp"})])
+        if usage is not None:
+            response.usage = RequestUsage(input_tokens=usage[0], output_tokens=usage[1])
+        return response
+
+    agent = Agent(FunctionModel(run_away), name=name, **kw)
+    agent.tool_plain(lookup)
+    return agent
+
+
+# Runaways for the bounds (fenced_agents.bounds): one with FencedAgent's default max_steps; two that spend
+# 1200 tokens a call against the 20-credit hold (5 credits per 1k tokens), one whose requests may use up to
+# 2500 tokens (its model_settings) and one that sets no max_tokens (estimated at bounds.DEFAULT_MAX_TOKENS).
+pai_runaway = FencedAgent(_runaway("pai_runaway"))
+_SPEND = (900, 300)
+pai_spender = FencedAgent(_runaway("pai_spender", _SPEND, model_settings={"max_tokens": 2500}), max_steps=50)
+pai_spender_default = FencedAgent(_runaway("pai_spender_default", _SPEND), max_steps=50)
 
 
 def approve_first(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
