@@ -10,7 +10,7 @@ The agent loop calls `decide` once per step, before checkpoint A. What it must d
 Under a crash or a takeover before checkpoint A, `decide` is called again for the same step by the new
 holder (the lost call is the platform's cost); after checkpoint A it is never called again for that
 step: the recorded decision is replayed. An optional `max_tokens` attribute is the most a call can
-use; the loop holds it against the run's billing hold before each call (fenced_agents.loop).
+use; the loop holds it against the run's billing hold before each call (fenced_agents.bounds).
 """
 
 from __future__ import annotations
