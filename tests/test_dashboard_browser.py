@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from checkpoints import api_keys
-from fencing import faults
-from tests.workers_fixture import wait_terminal
+from fencing import events, faults
+from tests.workers_fixture import wait_for, wait_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = Path(os.environ.get("FENCED_SCREENSHOTS") or tempfile.mkdtemp(prefix="fenced-shots-"))
@@ -49,34 +49,58 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def serve_api(tmp_path: Path) -> Iterator[str]:
-    """A real `uvicorn fenced_api.app:create_app` process on a free port (this process's environment); its base URL."""
-    port = _free_port()
-    log = open(tmp_path / "api.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "fenced_api.app:create_app", "--factory",
-                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                            cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
+class ApiServer:
+    """A real `uvicorn fenced_api.app:create_app` process on a free port (this process's environment),
+    which a test may kill and start again on the same port (the page's URLs stay valid)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp_path / "api.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "fenced_api.app:create_app", "--factory",
+                                          "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+                                         cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(base + "/dashboard", timeout=1).status_code == 200:
-                    break
+                if httpx.get(self.base + "/dashboard", timeout=1).status_code == 200:
+                    return
             except httpx.HTTPError:
                 pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("the API did not start: " + (tmp_path / "api.log").read_text())
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("the API did not start: " + self.log_path.read_text())
             time.sleep(0.2)
-        yield base
-    finally:
-        proc.terminate()
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies with its connections open (no close frame reaches a client)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
         try:
-            proc.wait(10)
+            self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def serve_api(tmp_path: Path) -> Iterator[str]:
+    """A running ApiServer for the block; its base URL."""
+    server = ApiServer(tmp_path)
+    try:
+        server.start()
+        yield server.base
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -242,6 +266,93 @@ def test_dashboard_shows_a_takeover_live(workers, api, browser):
     browser.switch_to.window(run_tab)
     show(browser, "#run-events li.task_resumed")
     browser.save_screenshot(str(SHOTS / "dashboard-takeover.png"))
+
+
+def shown_eids(driver: Any, selector: str) -> list[str]:
+    """The data-eid of each event line at `selector`, in page order."""
+    return until(driver, f"the event lines of {selector}",
+                 lambda: [li.get_attribute("data-eid") for li in driver.find_elements(By.CSS_SELECTOR, selector)],
+                 10)
+
+
+def test_the_page_reconnects_and_resynchronises_after_the_api_restarts(workers, mysql_store, tmp_path, browser):
+    """The API process dies mid-run (SIGKILL) while the overview and a run page are open; the run goes on
+    on its worker (its steps, then its question) with no API to tell the page. The API comes back on the
+    same port: the overview is live again from a new snapshot, the run page resumes after the last
+    event it was shown and gets what it missed; the run then completes, and every event line of the
+    run shows once on both."""
+    from tasks import service, submit_run
+
+    key = api_keys.issue("ops", admin=True)
+    server = ApiServer(tmp_path)
+    server.start()
+    try:
+        use_key(browser, server.base, key)
+        until(browser, "the overview to go live", lambda: browser.find_element(By.ID, "live-status").text == "live")
+        overview_tab = browser.current_window_handle
+        # "[ask]": the run asks a question at step 1 and waits, so its stream is still open when the API is back.
+        run_id = submit_run("alice", "buy headphones [ask]")
+        browser.switch_to.new_window("tab")
+        browser.get(f"{server.base}/dashboard#/run/{run_id}")
+        until(browser, "the run page's snapshot of the queued run",
+              lambda: browser.find_element(By.ID, "events-live").text == "live"
+              and shown_eids(browser, "#run-events li") == ["run:queued"], 30)
+        run_tab = browser.current_window_handle
+        # Started only now: every event of the run's first step reaches the page live, after its snapshot,
+        # so the page's resume point is an event it was sent, not the snapshot's last one.
+        workers.start("a", FENCED_STUB_STEP_MS="1500")
+        until(browser, "the first step's tool result, live",
+              lambda: browser.find_elements(By.CSS_SELECTOR, "#run-events li.tool_result"), 30)
+        assert service.get_run(run_id).state == "running"
+        stored_at_kill = len(events.read(run_id))
+
+        server.kill()
+        until(browser, "the run page no longer live",
+              lambda: browser.find_element(By.ID, "events-live").text == "not live", 10)
+        browser.switch_to.window(overview_tab)
+        until(browser, "the overview offline", lambda: browser.find_element(By.ID, "live-status").text == "offline", 10)
+        # Without the API the run goes on: steps done, then its question (nothing left to tell the page).
+        wait_for(lambda: service.get_run(run_id).state == "waiting", 60, "the run to ask its question")
+        missed = len(events.read(run_id)) - stored_at_kill
+        assert missed > 0, "events were appended while the API was down"
+        assert not browser.find_elements(By.CSS_SELECTOR, "#feed li.run_waiting"), "shown before the API was back"
+
+        server.start()
+        until(browser, "the overview live again", lambda: browser.find_element(By.ID, "live-status").text == "live", 20)
+        until(browser, "the overview's new snapshot: the run waiting",
+              lambda: (r := run_row(browser, run_id)) and r["state"] == "waiting", 20)
+        browser.switch_to.window(run_tab)
+        until(browser, "the run page live again, with the question it missed",
+              lambda: browser.find_element(By.ID, "events-live").text == "live"
+              and browser.find_elements(By.CSS_SELECTOR, "#run-events li.run_waiting"), 20)
+        assert shown_eids(browser, "#run-events li") == [e.eid for e in events.live_view(events.read(run_id))]
+
+        service.reply(run_id, "any brand", by="alice", user_id="alice")
+        [run] = wait_terminal([run_id], timeout=60)
+        assert run.state == "done", run
+        until(browser, "the run page's end", lambda: browser.find_element(By.ID, "run-state").text == "done"
+              and browser.find_elements(By.CSS_SELECTOR, "#run-events li.run_done"), 20)
+        until(browser, "the stream ended", lambda: browser.find_element(By.ID, "events-live").text == "ended", 10)
+        page = shown_eids(browser, "#run-events li")
+        assert len(page) == len(set(page)), f"an event line shown twice on the run page: {page}"
+        assert page == [e.eid for e in events.live_view(events.read(run_id))], "the page is the run's live view"
+        steps_done = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#run-events li.step_done")]
+        stored = [e.step for e in events.read(run_id) if e.type == "step_done"]
+        assert len(steps_done) == len(stored) == len(set(stored)) >= 3, (steps_done, stored)  # each step once
+        assert all(f" s{n} step {n} done" in text for n, text in zip(stored, steps_done, strict=True)), steps_done
+
+        browser.switch_to.window(overview_tab)
+        until(browser, "the run done in the overview",
+              lambda: (r := run_row(browser, run_id)) and r["state"] == "done", 20)
+        until(browser, "the run's end in the overview's feed", lambda: "run_done" in feed_types(browser, run_id), 20)
+        # The feed is the raw stream, newest first (a replayed step's events are recorded, and shown, again):
+        # each stored event once, none the reconnection doubled.
+        feed = [li.get_attribute("data-eid") for li in browser.find_elements(By.CSS_SELECTOR, "#feed li")
+                if li.find_elements(By.CSS_SELECTOR, f'a[title="{run_id}"]')]
+        assert feed == [e.eid for e in reversed(events.read(run_id))], "the overview's feed is the run's stream"
+        assert feed_types(browser, run_id).count("run_waiting") == 1
+    finally:
+        server.stop()
 
 
 def test_overview_needs_an_admin_key_and_a_run_page_is_the_callers(api, browser):
