@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("agents")
+from tests.extras import require_extra
+
+require_extra("agents")  # skipped without the extra, except in scripts/test.sh (CI)
 
 from checkpoints import billing, ledger, runs
 from fencing import events, faults

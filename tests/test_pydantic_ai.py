@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("pydantic_ai")
+from tests.extras import require_extra
+
+require_extra("pydantic_ai")  # skipped without the extra, except in scripts/test.sh (CI)
 
 from checkpoints import billing, ledger, runs
 from fencing import events, faults
