@@ -15,10 +15,11 @@ from tests.extras import require_extra
 require_extra("agents")  # skipped without the extra, except in scripts/test.sh (CI)
 
 from checkpoints import billing, ledger, runs
-from fencing import events, faults
+from fencing import faults
 from fencing.connection import get_redis
 from harness.verdict import check_run
 from tasks.control import reply_to_run
+from tests.adapter_cases import Adapter
 from tests.apps.oa_agent import (
     charges_key,
     guards_key,
@@ -29,32 +30,13 @@ from tests.apps.oa_agent import (
     oa_short,
     oa_spender,
 )
-from tests.workers_fixture import wait_for, wait_terminal, wait_zombie_refused
+from tests.workers_fixture import wait_for, wait_terminal
 
 IMPORTS = {"FENCED_IMPORTS": "examples.shopping,tests.apps.oa_agent"}
 
 
-def model_calls(run_id: str) -> dict[int, int]:
-    return {int(k): int(v) for k, v in get_redis().hgetall(model_calls_key(run_id)).items()}
-
-
-def charges(run_id: str) -> int:
-    return int(get_redis().get(charges_key(run_id)) or 0)
-
-
-def assert_promise(run_id: str) -> runs.Run:
-    """Done, settled once, the effect once, each step's tools shown once in the live view."""
-    run = runs.get_run(run_id)
-    assert run is not None and run.state == "done", (run and run.state, run and run.error)
-    assert run.answer == "Bought a desk lamp for 25.99."
-    v = check_run(run_id)
-    assert v.ok, v.failures
-    assert charges(run_id) == 1, "the effect tool ran exactly once"
-    view = events.live_view(events.read(run_id))
-    shown = [(e.step, e.data["name"]) for e in view if e.type == "tool_started"]
-    assert len(shown) == len(set(shown)), f"a tool is shown twice: {shown}"
-    assert {name for _, name in shown} >= {"lookup", "charge"}
-    return run
+ADAPTER = Adapter(oa_shop, IMPORTS, model_calls_key, charges_key)
+model_calls, charges, assert_promise = ADAPTER.model_calls, ADAPTER.charges, ADAPTER.assert_promise
 
 
 def test_a_wrapped_agent_runs_to_done(workers):
@@ -79,42 +61,12 @@ def test_a_wrapped_agent_runs_to_done(workers):
 @pytest.mark.chaos
 @pytest.mark.parametrize("point", ["after_model_call", "after_tools"])
 def test_kill_9_of_the_holder_mid_step(workers, point):
-    """Step 0 charges ([pay-first]); its holder is SIGKILLed after the model answered (before checkpoint A:
-    that call is lost and made again) or after the charge ran (after A: replayed, neither paid nor charged
-    again)."""
-    workers.start("a", **IMPORTS)
-    workers.start("b", **IMPORTS)
-    faults.arm(point)
-    run_id = oa_shop.submit("u1", "[pay-first] buy a desk lamp")
-    hit = faults.next_hit(30)
-    assert hit and hit[1] == run_id, hit
-    workers.by_pid(hit[2]).kill(signal.SIGKILL)
-    wait_terminal([run_id], timeout=40)
-    run = assert_promise(run_id)
-    resumed = [e for e in events.read(run_id) if e.type == "task_resumed"]
-    assert len(resumed) == 1 and resumed[0].data["phase"] == ("none" if point == "after_model_call" else "decided")
-    lost = 1 if point == "after_model_call" else 0
-    assert model_calls(run_id) == {0: 1 + lost, 1: 1, 2: 1}, "the model is paid once per checkpointed step"
-    assert run.model_calls == 3, "the user is billed for three calls"
+    ADAPTER.kill_9_mid_step(workers, point)
 
 
 @pytest.mark.chaos
 def test_a_frozen_holder_is_fenced_out(workers):
-    """The holder freezes (SIGSTOP) after the charge ran, past its lease; b takes over from checkpoint A and
-    finishes; woken, the zombie's checkpoint write is refused and nothing is charged twice."""
-    a = workers.start("a", **IMPORTS)
-    faults.arm("after_tools", action="stop")
-    run_id = oa_shop.submit("u1", "[pay-first] buy a desk lamp")
-    hit = faults.next_hit(30)
-    assert hit and hit[1] == run_id and workers.by_pid(hit[2]) is a, hit
-    workers.start("b", **IMPORTS)
-    try:
-        wait_terminal([run_id], timeout=40)
-    finally:
-        a.kill(signal.SIGCONT)
-    wait_zombie_refused(run_id, a)
-    assert_promise(run_id)
-    assert model_calls(run_id) == {0: 1, 1: 1, 2: 1}
+    ADAPTER.frozen_holder_is_fenced_out(workers)
 
 
 def test_a_tool_that_asks_parks_the_run_until_the_reply(workers):
