@@ -117,7 +117,7 @@ def charge_of(holds: list[dict[str, Any]]) -> Charge | None:
 
 
 def run_out(view: RunView, cards: list[Card]) -> RunOut:
-    """One run's JSON: the service's view plus the cards an app offered for it (service.cards_for)."""
+    """One run's JSON: the service's view plus the cards an app offered for it (service.cards_of)."""
     q = view.question
     question = None if q is None else Question(text=q.question, kind=q.kind, asked_at_ms=q.asked_at_ms)
     return RunOut(**_summary_fields(view), agent_version=view.agent_version, phase=view.phase,

@@ -114,7 +114,7 @@ class OrderOut(BaseModel):
 
 def _view(run_id: str, who: Caller) -> RunOut:
     view = service.get_run(run_id, who.user_id)
-    return run_out(view, service.cards_for(run_id, who.user_id))
+    return run_out(view, service.cards_of(view))
 
 
 @router.post("/runs", status_code=201, response_model=RunOut,
@@ -174,8 +174,8 @@ def get_run(run_id: RunId, who: Who) -> RunOut:
     """One of the caller's runs: state, step, epoch, answer, usage, charge, cards, and the question when waiting.
     An operator (admin key) may read any run, as on its live stream and dashboard page; acting on a run
     (cancel, reply, confirm) stays its owner's."""
-    scope = None if who.admin else who.user_id
-    return run_out(service.get_run(run_id, scope), service.cards_for(run_id, scope))
+    view = service.get_run(run_id, None if who.admin else who.user_id)
+    return run_out(view, service.cards_of(view))
 
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelOut, responses=responses(404))

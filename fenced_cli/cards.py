@@ -23,7 +23,7 @@ def cards(run_id: RunArg, as_json: JsonOpt = False) -> None:
     from tasks import service
 
     run = resolve_run(run_id)
-    found = service.cards_for(run.run_id)
+    found = service.cards_of(run)
     if as_json:
         emit_json([_fields(c) for c in found])
         return

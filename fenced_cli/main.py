@@ -77,7 +77,7 @@ def status(run_id: RunArg, as_json: JsonOpt = False) -> None:
 
     shown = service.status(resolve_run(run_id).run_id)
     run, holds, entries = shown.run, shown.run.holds, shown.ledger
-    cards = service.cards_for(run.run_id)
+    cards = service.cards_of(run)
     if as_json:
         emit_json({**run_dict(run), "holds": holds, "cards": [vars(c) for c in cards],
                    "ledger": [vars(e) for e in entries], "ledger_entries": shown.ledger_entries,

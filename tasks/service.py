@@ -366,6 +366,15 @@ def cards_for(run_id: str, user_id: str | None = None) -> list[Card]:
     user's run. Reads committed rows only: a card a fenced-out holder tried to create never shows, and a
     replay after a crash or a takeover shows its decision's first card, not a second one."""
     _scoped(runs.peek_run(run_id), user_id, run_id)
+    return _app_cards(run_id)
+
+
+def cards_of(view: RunView) -> list[Card]:
+    """cards_for a run the caller already read through get_run (scoped there): no second read of its row."""
+    return _app_cards(view.run_id)
+
+
+def _app_cards(run_id: str) -> list[Card]:
     provider = card_provider()
     return list(provider.cards_for(run_id)) if provider is not None else []
 
