@@ -26,7 +26,6 @@ import asyncio
 import copy
 import dataclasses
 import json
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +48,9 @@ from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from fenced_agents import bounds
+from fenced_agents.wrapped import WrappedAgent, WrappedStep, thread_loop
 from fenced_core.errors import StepError, TerminalError, TransientError
-from fencing import faults
-from tasks import context, programs
+from tasks import context
 
 if TYPE_CHECKING:
     from agents import ModelSettings, ModelTracing, Tool
@@ -63,11 +62,10 @@ if TYPE_CHECKING:
 
     from tasks.step import Outcome, StepRunner
 
-_loops = threading.local()  # one event loop per worker thread, kept across steps (providers cache clients)
 _OUTPUT = TypeAdapter(list[TResponseOutputItem])
 
 
-class FencedOpenAIAgent:
+class FencedOpenAIAgent(WrappedAgent):
     """A registered fenced program that runs `agent` one model turn (a response and its tool calls) per step.
 
     Under a crash or a takeover: a step whose response reached checkpoint A is replayed from it (the model is
@@ -83,42 +81,23 @@ class FencedOpenAIAgent:
                  version: str = "", context: Callable[[context.RunContext], Any] | None = None,
                  max_steps: int | None = 8, run_config: RunConfig | None = None) -> None:
         self.agent = agent
-        self.name = name or agent.name or ""
-        if not self.name:
-            raise ValueError("FencedOpenAIAgent needs a name: pass name=... or give the Agent one")
-        self.version = version
-        self.effects = frozenset(effects)
         self.context = context
-        self.max_steps = bounds.valid_max_steps(max_steps)
         # Tracing is the SDK's: off unless the caller's run config turns it on (it exports to OpenAI).
         self.run_config = run_config if run_config is not None else RunConfig(tracing_disabled=True)
+        super().__init__("FencedOpenAIAgent", "Agent", name or agent.name or "", effects=effects, version=version,
+                         max_steps=max_steps, tools_are="function tools",
+                         known_tools=frozenset(t.name for t in agent.tools if isinstance(t, FunctionTool)))
         if agent.handoffs:
             raise ValueError(f"agent {self.name!r} has handoffs: FencedOpenAIAgent runs one agent (a handoff would "
                              "change the agent between steps, which the checkpoint does not record)")
-        bad = sorted(e for e in self.effects if not e or len(e) > 64)
-        if bad:
-            raise ValueError(f"effects: a tool name must be 1 to 64 characters, not {bad[0]!r}")
-        known = {t.name for t in agent.tools if isinstance(t, FunctionTool)}
-        if not self.effects <= known:
-            raise ValueError(f"effects: {sorted(self.effects - known)} are not function tools of agent "
-                             f"{self.name!r} (its function tools: {sorted(known)})")
-        programs.register(self)
-
-    def submit(self, user_id: str, input: str, *, kind: str = "normal",
-               idempotency_key: str | None = None) -> str:
-        """Create a run of this agent and wake it; see `tasks.submit.submit_run` for what a crash does."""
-        from tasks.submit import submit_run
-
-        return submit_run(user_id, input, kind, idempotency_key, agent=self.name, agent_version=self.version)
+        self.register()
 
     # -- the program ---------------------------------------------------------------------------------
     def run_step(self, runner: StepRunner) -> Outcome:
         """One fenced step: one model response (or its recorded one) and the tool calls it asked for."""
         history = items_of(runner.history)
         start = ItemHelpers.input_to_new_input_list(runner.run.query) if not history else []
-        loop = getattr(_loops, "loop", None)
-        if loop is None or loop.is_closed():
-            loop = _loops.loop = asyncio.new_event_loop()
+        loop = thread_loop()
         step = _Step(self, runner)
         try:
             ended, new, output = loop.run_until_complete(step.run([*history, *start]))
@@ -170,14 +149,13 @@ def _args(raw: str) -> Any:
         return raw
 
 
-class _Step:
+class _Step(WrappedStep):
     """The state of one fenced step while the SDK's runner runs its one turn."""
 
     def __init__(self, fa: FencedOpenAIAgent, runner: StepRunner) -> None:
+        super().__init__(fa, runner)
         self.fa = fa
-        self.runner = runner
         self.response: ModelResponse | None = None
-        self.calls: list[dict[str, Any]] = []
         self.escaped: BaseException | None = None  # the first of our exceptions raised inside the SDK
 
     async def run(self, items: list[TResponseInputItem]) -> tuple[bool, list[TResponseInputItem], Any]:
@@ -205,9 +183,6 @@ class _Step:
                                 "call tasks.context.ask_user inside the tool to wait for a person")
         return True, result.to_input_list()[len(items):], result.final_output
 
-    def name(self) -> str:
-        return ",".join(str(c["name"]) for c in self.calls) or "answer"
-
     def text(self) -> str:
         if self.response is None:
             return ""
@@ -234,13 +209,9 @@ class _Step:
     async def tool(self, name: str, invoke: Callable[[ToolContext[Any], str], Awaitable[Any]],
                    tctx: ToolContext[Any], raw: str) -> Any:
         """One tool call: an effect once per (run, tool, arguments), a read-only tool every time."""
-        runner, step = self.runner, self.runner.step
-        runner.boundary()
-        call_id = tctx.tool_call_id
-        entry = {"id": call_id, "name": name, "args": _args(raw)}
-        self.calls.append(entry)
-        runner.emit(f"tool:s{step}:{call_id}:start", "tool_started", entry)
-        rctx = context.RunContext(runner.c, step, f"s{step}:{call_id}")
+        runner = self.runner
+        args = _args(raw)
+        rctx = self.tool_started(tctx.tool_call_id, name, args)
         if name not in self.fa.effects:
             with context.running(rctx):
                 result = await invoke(tctx, raw)
@@ -257,11 +228,10 @@ class _Step:
 
             def attempt() -> Any:
                 with context.running(rctx):
-                    return context.once(name, entry["args"], perform)
+                    return context.once(name, args, perform)
 
             result = await asyncio.to_thread(runner.with_retries, f"tool {name}", attempt)
-        runner.emit(f"tool:s{step}:{call_id}:result", "tool_result",
-                    {"id": call_id, "name": name, "result": to_jsonable_python(result, fallback=str)})
+        self.tool_done(tctx.tool_call_id, name, to_jsonable_python(result, fallback=str))
         return result
 
     async def model_response(self, get: Callable[[], Awaitable[ModelResponse]], tools: set[str],
@@ -273,18 +243,11 @@ class _Step:
                                 "is one model turn")
         if runner.decision is not None:
             response = response_from_json(runner.decision["response"])
-            asked = {c["name"] for c in _calls(response)}
-            if not asked <= tools:
-                raise TerminalError(f"checkpoint A of step {runner.step} asks for tool(s) {sorted(asked - tools)} "
-                                    f"that agent {fa.name!r} no longer has (version {fa.version or '-'}); the "
-                                    "recorded response cannot be replayed")
-            runner.log.info("replaying", tool_calls=len(asked))
+            self.replaying({c["name"] for c in _calls(response)}, tools)
             self.response = response
             return response
         bounds.check(runner, fa.name, fa.max_steps, bounds.DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
-        runner.log.info("running", phase=runner.run.phase)
-        runner.emit(f"s{runner.step}:start", "step_started", {})
-        runner.boundary()
+        self.calling()
         loop = asyncio.get_running_loop()
         active = context.current()
 
@@ -301,14 +264,9 @@ class _Step:
 
         paid: ModelResponse = await asyncio.to_thread(
             runner.with_retries, "model", lambda: asyncio.run_coroutine_threadsafe(once(), loop).result())
-        faults.point("after_model_call", runner.run_id)
         self.response = paid
-        runner.add_usage(paid.usage.input_tokens, paid.usage.output_tokens)
-        calls = _calls(paid)
-        runner.emit(f"s{runner.step}:decision", "model_decision",
-                    {"name": ",".join(c["name"] for c in calls) or "answer", "text": self.text(), "tool_calls": calls})
-        runner.boundary()  # a holder frozen here meets the fence with its next write
-        runner.write_decided({"response": response_to_json(paid), "tool_calls": calls})
+        self.called(paid.usage.input_tokens, paid.usage.output_tokens, _calls(paid), self.text(),
+                    response_to_json(paid))
         return paid
 
 

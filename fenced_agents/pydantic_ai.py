@@ -17,8 +17,6 @@ run is bounded as our own agents are (fenced_agents.bounds: `max_steps` and the 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,9 +42,9 @@ from pydantic_core import to_jsonable_python
 from pydantic_graph import End
 
 from fenced_agents import bounds
+from fenced_agents.wrapped import WrappedAgent, WrappedStep, thread_loop
 from fenced_core.errors import StepError, TerminalError, TransientError
-from fencing import faults
-from tasks import context, programs
+from tasks import context
 
 if TYPE_CHECKING:
     from pydantic_ai.models import Model, ModelRequestParameters
@@ -54,10 +52,7 @@ if TYPE_CHECKING:
 
     from tasks.step import Outcome, StepRunner
 
-_loops = threading.local()  # one event loop per worker thread, kept across steps (providers cache clients)
-
-
-class FencedAgent:
+class FencedAgent(WrappedAgent):
     """A registered fenced program that runs `agent` one model request (and its tool calls) per step.
 
     Under a crash or a takeover: a step whose response reached checkpoint A is replayed from it (the model is
@@ -77,37 +72,17 @@ class FencedAgent:
                  version: str = "", deps: Callable[[context.RunContext], Any] | None = None,
                  max_steps: int | None = 8) -> None:
         self.agent = agent
-        self.name = name or agent.name or ""
-        if not self.name:
-            raise ValueError("FencedAgent needs a name: pass name=... or give the pydantic-ai Agent one")
-        self.version = version
-        self.effects = frozenset(effects)
         self.deps = deps
-        self.max_steps = bounds.valid_max_steps(max_steps)
-        bad = sorted(e for e in self.effects if not e or len(e) > 64)
-        if bad:
-            raise ValueError(f"effects: a tool name must be 1 to 64 characters, not {bad[0]!r}")
-        known = _function_tool_names(agent)
-        if known is not None and not self.effects <= known:
-            raise ValueError(f"effects: {sorted(self.effects - known)} are not tools of agent {self.name!r} "
-                             f"(its tools: {sorted(known)})")
-        programs.register(self)
-
-    def submit(self, user_id: str, input: str, *, kind: str = "normal",
-               idempotency_key: str | None = None) -> str:
-        """Create a run of this agent and wake it; see `tasks.submit.submit_run` for what a crash does."""
-        from tasks.submit import submit_run
-
-        return submit_run(user_id, input, kind, idempotency_key, agent=self.name, agent_version=self.version)
+        super().__init__("FencedAgent", "pydantic-ai Agent", name or agent.name or "", effects=effects,
+                         version=version, max_steps=max_steps, known_tools=_function_tool_names(agent))
+        self.register()
 
     # -- the program ---------------------------------------------------------------------------------
     def run_step(self, runner: StepRunner) -> Outcome:
         """One fenced step: one model request (or its recorded response) and the tool calls it asked for."""
         history = messages_of(runner.history)
         prompt = None if history else runner.run.query
-        loop = getattr(_loops, "loop", None)
-        if loop is None or loop.is_closed():
-            loop = _loops.loop = asyncio.new_event_loop()
+        loop = thread_loop()
         step = _Step(self, runner)
         try:
             with Agent.parallel_tool_call_execution_mode("sequential"):  # effects and events in the model's order
@@ -161,14 +136,13 @@ class _Passed:
     exc: BaseException
 
 
-class _Step:
+class _Step(WrappedStep):
     """The state of one fenced step while pydantic-ai's graph runs it."""
 
     def __init__(self, fa: FencedAgent, runner: StepRunner) -> None:
+        super().__init__(fa, runner)
         self.fa = fa
-        self.runner = runner
         self.response: ModelResponse | None = None
-        self.calls: list[dict[str, Any]] = []
 
     async def run(self, history: list[ModelMessage], prompt: str | None) -> tuple[bool, list[ModelMessage], Any]:
         """Drive the graph to the end of this step: (ended, the step's new messages, the output if ended)."""
@@ -187,9 +161,6 @@ class _Step:
                     # The tools answered; the next request (their results) is the next step's to send.
                     return False, [*run.all_messages()[len(history):], node.request], None
 
-    def name(self) -> str:
-        return ",".join(str(c["name"]) for c in self.calls) or "answer"
-
     def text(self) -> str:
         if self.response is None:
             return ""
@@ -205,40 +176,23 @@ class _Step:
             response = ModelMessagesTypeAdapter.validate_python([runner.decision["response"]])[0]
             if not isinstance(response, ModelResponse):
                 raise TerminalError(f"checkpoint A of step {runner.step} holds no model response: {response!r}")
-            asked = {p.tool_name for p in response.parts if isinstance(p, ToolCallPart)}
-            if not asked <= tools:
-                raise TerminalError(f"checkpoint A of step {runner.step} asks for tool(s) {sorted(asked - tools)} that "
-                                    f"agent {self.fa.name!r} no longer has (version {self.fa.version or '-'}); the "
-                                    "recorded response cannot be replayed")
-            runner.log.info("replaying", tool_calls=len(asked))
+            self.replaying({p.tool_name for p in response.parts if isinstance(p, ToolCallPart)}, tools)
             self.response = response
             return response
-        runner.log.info("running", phase=runner.run.phase)
-        runner.emit(f"s{runner.step}:start", "step_started", {})
-        runner.boundary()
+        self.calling()
         response = await handler()
-        faults.point("after_model_call", runner.run_id)
         self.response = response
-        runner.add_usage(response.usage.input_tokens, response.usage.output_tokens)
         calls: list[dict[str, Any]] = [{"id": p.tool_call_id, "name": p.tool_name, "args": p.args_as_dict()}
-                 for p in response.parts if isinstance(p, ToolCallPart)]
-        runner.emit(f"s{runner.step}:decision", "model_decision",
-                    {"name": ",".join(c["name"] for c in calls) or "answer", "text": self.text(), "tool_calls": calls})
-        runner.boundary()  # a holder frozen here meets the fence with its next write
-        runner.write_decided({"response": ModelMessagesTypeAdapter.dump_python([response], mode="json")[0],
-                              "tool_calls": calls})
+                                       for p in response.parts if isinstance(p, ToolCallPart)]
+        self.called(response.usage.input_tokens, response.usage.output_tokens, calls, self.text(),
+                    ModelMessagesTypeAdapter.dump_python([response], mode="json")[0])
         return response
 
     async def tool(self, call: ToolCallPart, run_tool: Callable[[], Any]) -> Any:
         """One tool call, inside the run's context: an effect once, a read-only tool every time."""
-        runner, step = self.runner, self.runner.step
-        runner.boundary()
-        call_id = call.tool_call_id
+        runner = self.runner
         args = call.args_as_dict()
-        entry = {"id": call_id, "name": call.tool_name, "args": args}
-        self.calls.append(entry)
-        runner.emit(f"tool:s{step}:{call_id}:start", "tool_started", entry)
-        ctx = context.RunContext(runner.c, step, f"s{step}:{call_id}")
+        ctx = self.tool_started(call.tool_call_id, call.tool_name, args)
 
         async def once_run() -> Any:
             with context.running(ctx):
@@ -272,8 +226,7 @@ class _Step:
         result = await anyio.to_thread.run_sync(runner.with_retries, f"tool {call.tool_name}", attempt)
         if isinstance(result, _Passed):
             raise result.exc
-        runner.emit(f"tool:s{step}:{call_id}:result", "tool_result",
-                    {"id": call_id, "name": call.tool_name, "result": to_jsonable_python(result, fallback=repr)})
+        self.tool_done(call.tool_call_id, call.tool_name, to_jsonable_python(result, fallback=repr))
         return result
 
 
