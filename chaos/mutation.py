@@ -100,11 +100,16 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
         equivalent="the claim reads the row it updates under a row lock in the same transaction (SELECT ... "
                    "FOR UPDATE; SQLite: BEGIN IMMEDIATE), so the epoch it compares is always the one it read"),
     Mutation(
-        "settle-twice", "settling a hold moves it out of the user's account twice (billing.settle_txn)",
+        "settle-twice", "settling a hold moves it out of the user's account twice (billing.settle_txn and settle_raw)",
         (Edit("checkpoints/billing.py",
-              "    _account_txn(conn, run_id, epoch, actor, hold.user_id, held, charge, now_ms)\n",
-              "    _account_txn(conn, run_id, epoch, actor, hold.user_id, held, charge, now_ms)\n"
-              "    _account_txn(conn, run_id, epoch, actor, hold.user_id, held, charge, now_ms)\n"),),
+              "    _account_txn(conn, run_id, epoch, actor, s.user_id, s.held, s.charge, now_ms)\n",
+              "    _account_txn(conn, run_id, epoch, actor, s.user_id, s.held, s.charge, now_ms)\n"
+              "    _account_txn(conn, run_id, epoch, actor, s.user_id, s.held, s.charge, now_ms)\n"),
+         # the same in the two-round-trip terminal write (MySQL/MariaDB): the account update sent twice
+         Edit("checkpoints/billing.py", "    statements = [_RAW_SETTLE, _RAW_CHARGE, ",
+              "    statements = [_RAW_SETTLE, _RAW_CHARGE, _RAW_CHARGE, "),
+         Edit("checkpoints/billing.py", "    params = [s.charge, now_ms, run_id, *charge,\n",
+              "    params = [s.charge, now_ms, run_id, *charge, *charge,\n")),
         "steady", {"runs": 4}, ("account",), ci=True),
     Mutation(
         "effect-lookup", "an effect's replay skips the lookup of its first result (effects._perform_once_txn)",

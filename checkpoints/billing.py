@@ -12,6 +12,7 @@ account, the earlier charge kept on record (`credits_charged_before`) and the to
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -57,6 +58,37 @@ def create_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, now_
     return credits
 
 
+@dataclass(frozen=True)
+class _Settlement:
+    """What closing a hold charges, and the ledger entry that says so."""
+
+    user_id: str
+    held: int
+    charge: int
+    reason: str
+    detail: dict[str, Any]
+
+
+def _settlement(user_id: str, held: int, before: int, prompt_tokens: int, completion_tokens: int,
+                why: str) -> _Settlement:
+    tokens = max(prompt_tokens + completion_tokens - before, 0)  # a reopened hold: `before` was settled already
+    charge = credits_for(tokens, 0, held)
+    reason = f"charged {charge} of {held} held credits for {tokens} tokens"
+    if before:
+        reason += f" used since the hold was reopened ({before} tokens were settled before)"
+    return _Settlement(user_id, held, charge, f"{why}: {reason}" if why else reason,
+                       {"charge": charge, "held": held, "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens, "tokens_settled_before": before})
+
+
+def _mismatch(user_id: str, held: int, charge: int) -> tuple[str, dict[str, Any]]:
+    return (f"account of {user_id!r} does not carry this hold of {held} credits; left unchanged",
+            {"held": held, "charge": charge})
+
+
+_SKIPPED = ("settle_skipped", "hold was no longer held")
+
+
 def settle_txn(conn: Connection, run_id: str, epoch: int, actor: str, prompt_tokens: int,
                completion_tokens: int, now_ms: int, why: str = "") -> int | None:
     """Settle the hold if it is still held (one conditional update); returns the charge, or None.
@@ -67,24 +99,48 @@ def settle_txn(conn: Connection, run_id: str, epoch: int, actor: str, prompt_tok
                         .where(_h.run_id == run_id)).first()
     if hold is None:
         return None
-    held = int(hold.credits_held)
-    before = int(hold.tokens_settled_before)  # a reopened hold: covered by earlier closings, never again
-    tokens = max(prompt_tokens + completion_tokens - before, 0)
-    charge = credits_for(tokens, 0, held)
+    s = _settlement(hold.user_id, int(hold.credits_held), int(hold.tokens_settled_before), prompt_tokens,
+                    completion_tokens, why)
     done = conn.execute(run_holds.update()
                         .where(_h.run_id == run_id, _h.state == "held")
-                        .values(state="settled", credits_charged=charge, closed_at_ms=now_ms)).rowcount
+                        .values(state="settled", credits_charged=s.charge, closed_at_ms=now_ms)).rowcount
     if not done:
-        ledger.record_txn(conn, run_id, epoch, actor, "settle_skipped", "hold was no longer held")
+        ledger.record_txn(conn, run_id, epoch, actor, *_SKIPPED)
         return None
-    _account_txn(conn, run_id, epoch, actor, hold.user_id, held, charge, now_ms)
-    reason = f"charged {charge} of {held} held credits for {tokens} tokens"
-    if before:
-        reason += f" used since the hold was reopened ({before} tokens were settled before)"
-    ledger.record_txn(conn, run_id, epoch, actor, "settled", f"{why}: {reason}" if why else reason,
-                      {"charge": charge, "held": held, "prompt_tokens": prompt_tokens,
-                       "completion_tokens": completion_tokens, "tokens_settled_before": before})
-    return charge
+    _account_txn(conn, run_id, epoch, actor, s.user_id, s.held, s.charge, now_ms)
+    ledger.record_txn(conn, run_id, epoch, actor, "settled", s.reason, s.detail)
+    return s.charge
+
+
+# settle_txn for a raw multi-statement query (checkpoints.db.raw_txn, MySQL/MariaDB): the hold read
+# locked in an earlier query of the same transaction, then settle_raw's statements.
+RAW_HOLD_LOCKED = ("SELECT credits_held, user_id, tokens_settled_before, state FROM run_holds "
+                   "WHERE run_id = %s FOR UPDATE")
+_RAW_SETTLE = ("UPDATE run_holds SET state = 'settled', credits_charged = %s, closed_at_ms = %s "
+               "WHERE run_id = %s AND state = 'held'")
+_RAW_CHARGE = ("UPDATE user_accounts SET balance_credits = balance_credits - %s, held_credits = held_credits - %s, "
+               "updated_at_ms = %s WHERE user_id = %s AND held_credits >= %s AND balance_credits >= %s")
+
+
+def settle_raw(hold: tuple[Any, ...] | None, run_id: str, epoch: int, actor: str, prompt_tokens: int,
+               completion_tokens: int, now_ms: int) -> tuple[int | None, list[str], list[Any]]:
+    """settle_txn as statements for the rest of a raw transaction: (the charge or None, the statements,
+    their parameters). `hold` is RAW_HOLD_LOCKED's row (None: no hold), locked since it was read, so the
+    settlement decided here is the one the statements make; the account check stays in SQL (a mismatch
+    entry only where the account update matched nothing), as charge_txn makes it."""
+    if hold is None:
+        return None, [], []
+    credits_held, user_id, before, state = hold
+    if state != "held":
+        return None, [ledger.RAW_INSERT], [*ledger.raw_params(run_id, epoch, actor, *_SKIPPED)]
+    s = _settlement(user_id, int(credits_held), int(before), prompt_tokens, completion_tokens, "")
+    charge = [s.charge, s.held, now_ms, s.user_id, s.held, s.charge]  # _RAW_CHARGE's (charge_txn's) parameters
+    statements = [_RAW_SETTLE, _RAW_CHARGE, "SET @charged = ROW_COUNT()", ledger.RAW_INSERT_IF % "@charged = 0",
+                  ledger.RAW_INSERT]
+    params = [s.charge, now_ms, run_id, *charge,
+              *ledger.raw_params(run_id, epoch, actor, "account_mismatch", *_mismatch(s.user_id, s.held, s.charge)),
+              *ledger.raw_params(run_id, epoch, actor, "settled", s.reason, s.detail)]
+    return s.charge, statements, params
 
 
 def reopen_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, epoch: int, actor: str,
@@ -145,9 +201,7 @@ def _account_txn(conn: Connection, run_id: str, epoch: int, actor: str, user_id:
                  now_ms: int) -> None:
     """Move the closed hold out of the user's account; a mismatch is recorded, never forced negative."""
     if not accounts.charge_txn(conn, user_id, held, charge, now_ms):
-        ledger.record_txn(conn, run_id, epoch, actor, "account_mismatch",
-                          f"account of {user_id!r} does not carry this hold of {held} credits; left unchanged",
-                          {"held": held, "charge": charge})
+        ledger.record_txn(conn, run_id, epoch, actor, "account_mismatch", *_mismatch(user_id, held, charge))
 
 
 _INSERT_HOLD = run_holds.insert()

@@ -14,6 +14,12 @@ from checkpoints.db import in_txn, transaction
 from checkpoints.schema import run_ledger
 
 _INSERT = run_ledger.insert()  # built once: constructing a statement per call costs ~0.1 ms of CPU
+# The same insert for a raw multi-statement query (checkpoints.db.raw_txn), its parameters raw_params(...);
+# RAW_INSERT_IF % "@fenced = 1" adds the entry only where the SQL condition holds.
+RAW_INSERT = ("INSERT INTO run_ledger (run_id, at_ms, epoch, actor, kind, reason, detail) "
+              "VALUES (%s, %s, %s, %s, %s, %s, %s)")
+RAW_INSERT_IF = ("INSERT INTO run_ledger (run_id, at_ms, epoch, actor, kind, reason, detail) "
+                 "SELECT %%s, %%s, %%s, %%s, %%s, %%s, %%s FROM DUAL WHERE %s")
 
 
 @dataclass(frozen=True)
@@ -28,13 +34,24 @@ class Entry:
     detail: dict[str, Any]
 
 
+def encode_detail(detail: dict[str, Any] | None) -> str | None:
+    """An entry's detail as stored: sorted JSON, or NULL when there is none."""
+    return json.dumps(detail, sort_keys=True, default=str) if detail else None
+
+
 def record_txn(conn: Connection, run_id: str, epoch: int, actor: str, kind: str, reason: str,
                detail: dict[str, Any] | None = None) -> None:
     """Add one entry inside the caller's transaction (so it commits with the decision it explains)."""
     conn.execute(_INSERT, {
         "run_id": run_id, "at_ms": int(time.time() * 1000), "epoch": epoch, "actor": actor, "kind": kind,
-        "reason": reason, "detail": json.dumps(detail, sort_keys=True, default=str) if detail else None,
+        "reason": reason, "detail": encode_detail(detail),
     })
+
+
+def raw_params(run_id: str, epoch: int, actor: str, kind: str, reason: str,
+               detail: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """record_txn's values, in RAW_INSERT_IF's order."""
+    return (run_id, int(time.time() * 1000), epoch, actor, kind, reason, encode_detail(detail))
 
 
 def record(run_id: str, epoch: int, actor: str, kind: str, reason: str,

@@ -110,6 +110,11 @@ _RAW_CLAIM = (
     "INSERT INTO run_ledger (run_id, at_ms, epoch, actor, kind, reason, detail) "
     "SELECT %s, %s, %s, %s, %s, %s, %s FROM DUAL WHERE @fenced = 1; "
     "COMMIT")
+_RAW_TERMINAL = (
+    "UPDATE run_checkpoints SET state = %s, phase = 'done', checkpoint = %s, owner = NULL, answer = %s, "
+    "error_class = %s, error = %s, last_event_id = %s, finished_at_ms = %s, updated_at_ms = %s "
+    f"WHERE {_RAW_FENCE}; {billing.RAW_HOLD_LOCKED}")
+_RAW_END_ATTEMPT = "UPDATE run_attempts SET ended_at_ms = %s, outcome = %s, error = %s WHERE id = %s"
 _RAW_OWN_ATTEMPT = "SELECT id FROM run_attempts WHERE run_id = %s AND epoch = %s AND worker = %s"
 
 
@@ -587,6 +592,8 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
     """The terminal transaction: final row, settlement and ledger in ONE fenced commit; returns the charge."""
     stored = _store(c, checkpoint)
     blob = stored.blob
+    if one_trip() and not stored.segments:
+        return in_raw_txn(_finish_raw, c, state, blob, usage, last_event_id, answer, error_class, error)
 
     def txn(conn: Connection) -> int | None:
         now = now_ms()
@@ -602,6 +609,34 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
         return charge
 
     return in_txn(txn)
+
+
+def _finish_raw(cur: Any, c: Claim, state: str, blob: bytes, usage: Usage, last_event_id: str,
+                answer: str | None, error_class: str | None, error: str | None) -> int | None:
+    """finish's transaction in two round trips (MySQL/MariaDB): the fenced terminal UPDATE with the hold
+    read locked; then the settlement (billing.settle_raw), the ledger entry, the attempt closed and the
+    COMMIT as one query. Fenced out: the first query's UPDATE matched nothing, nothing else is sent and
+    the transaction rolls back."""
+    what = f"terminal write ({state})"
+    if ("running", state) not in TRANSITIONS:
+        raise IllegalTransition(f"{what}: running -> {state} is not a run state change (checkpoints.runs.TRANSITIONS)")
+    now = now_ms()
+    run_id = c.run.run_id
+    cur.execute(_RAW_TERMINAL, (state, blob, answer, error_class, error, last_event_id, now, now, run_id, c.epoch,
+                                run_id))
+    out = results(cur)
+    if out[0][0] != 1:
+        raise FencedOut(run_id, c.epoch, what)
+    hold = out[1][2][0] if out[1][2] else None
+    charge, statements, params = billing.settle_raw(hold, run_id, c.epoch, c.token, usage.prompt_tokens,
+                                                    usage.completion_tokens, now)
+    reason = f"run {state}" + (f": [{error_class}] {error}" if error else "")
+    statements += [ledger.RAW_INSERT, _RAW_END_ATTEMPT, "COMMIT"]
+    params += [*ledger.raw_params(run_id, c.epoch, c.token, state, reason, {"charge": charge}),
+               now, state, error, c.attempt_id]
+    cur.execute("; ".join(statements), tuple(params))
+    results(cur)
+    return charge
 
 
 def park(c: Claim, reason: str, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:
