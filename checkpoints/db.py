@@ -72,8 +72,13 @@ def _make_engine(url: str) -> Engine:
         # still open, so the pool's own ROLLBACK on check-in is a wasted round trip per transaction.
         pool_reset_on_return=None,
         pool_recycle=3600,
-        pool_size=5,
-        max_overflow=10,
+        # A connection opened past the pool's size is closed when it is returned. Too small a pool
+        # under a worker's threads meant a new connection (a TCP and MySQL handshake, and PyMySQL's
+        # TLS context, ~5 ms of CPU) for much of its transactions: the in-flight benchmark found a
+        # quarter of a loaded worker's CPU there with 5 + 10. Transactions last about a millisecond,
+        # so 20 kept connections serve hundreds of threads; beyond pool + overflow, threads wait.
+        pool_size=get_settings().db_pool_size,
+        max_overflow=get_settings().db_max_overflow,
         connect_args={"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30},
         isolation_level="READ COMMITTED",
     )

@@ -36,6 +36,16 @@ class Settings(BaseSettings):
                               "(workers ride out a restart; the CLI sets 5 s unless this is set)")
     db_idle_txn_timeout_s: int = Field(
         5, ge=0, description="MariaDB rolls back a transaction idle this long (a frozen worker's row locks); 0 = off")
+    db_pool_size: int = Field(
+        20, gt=0, description="MySQL/MariaDB connections a process keeps open once it needed them (per process)")
+    db_max_overflow: int = Field(
+        10, ge=0, description="Connections a process may open beyond db_pool_size in a burst (closed when "
+        "returned); a thread that finds all in use waits for one")
+
+    redis_max_connections: int = Field(
+        10_000, gt=0, description="Redis connections one process may open to fenced's Redis (each node of a "
+        "cluster); opened on demand and kept. redis-py 8 caps a pool at 100 and fails the command past it, "
+        "which a worker with hundreds of threads reaches")
 
     # Leases and liveness.
     lease_ttl_ms: int = Field(30_000, gt=0, description="Lease lifetime without renewal")

@@ -80,7 +80,8 @@ def get_redis() -> redis.Redis:
 def _make_client() -> redis.Redis:
     settings = get_settings()
     name = CLIENT_NAME_PREFIX + process_token()
-    return client_for(settings.redis_url, client_name=name, health_check_interval=30)
+    return client_for(settings.redis_url, client_name=name, health_check_interval=30,
+                      max_connections=settings.redis_max_connections)
 
 
 def reset() -> None:

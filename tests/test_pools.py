@@ -1,0 +1,78 @@
+"""Connection pools sized for a worker with hundreds of threads (issue 17's in-flight benchmark found both):
+fenced's Redis client lets a process open as many connections as its threads use at once (redis-py 8
+caps a pool at 100 and fails the command past it), and the database pool keeps the connections a burst
+opened instead of closing all but five (each new one costs a handshake and ~5 ms of CPU)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from checkpoints import db
+from fencing import connection
+
+
+def _at_once(n: int, work: Callable[[], object]) -> list[BaseException]:
+    """Run `work` on `n` threads started together; the exceptions they raised."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def one() -> None:
+        start.wait()
+        try:
+            work()
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return errors
+
+
+@pytest.fixture
+def fresh_client(settings_env, redis_client):
+    def make(**settings: object):
+        settings_env(**settings)
+        connection.reset()
+        return connection.get_redis()
+
+    yield make
+    connection.reset()
+
+
+def test_150_threads_each_holding_a_redis_connection_all_get_one(fresh_client):
+    client = fresh_client()
+    # Each BLPOP holds its connection for 0.3 s: 150 at once need 150 connections.
+    errors = _at_once(150, lambda: client.blpop(["fenced-test:pool:nothing"], timeout=0.3))
+    assert errors == []
+
+
+def test_the_redis_connection_limit_is_the_setting(fresh_client):
+    client = fresh_client(redis_max_connections=5)
+    errors = _at_once(12, lambda: client.blpop(["fenced-test:pool:nothing"], timeout=0.3))
+    assert errors and all(isinstance(e, connection.RedisUnavailable) for e in errors), errors
+
+
+def test_the_database_pool_keeps_what_a_burst_opened(settings_env, mysql_store):
+    settings_env(db_pool_size=12, db_max_overflow=3)
+    db.dispose_all()
+    try:
+        engine = db.get_engine()
+        held = threading.Barrier(12)
+
+        def hold() -> None:
+            with db.raw_txn() as cur:
+                cur.execute("SELECT 1")
+                cur.fetchall()
+                held.wait(10)  # all 12 checked out together
+                cur.execute("COMMIT")
+
+        assert _at_once(12, hold) == []
+        assert (engine.pool.size(), engine.pool.checkedin()) == (12, 12), "the burst's connections are kept"
+    finally:
+        db.dispose_all()
