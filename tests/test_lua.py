@@ -211,3 +211,45 @@ def test_presumed_dead_process_is_found_from_its_own_lease_set(redis_client, mon
         assert not redis_client.exists(keys.held_by(process_token()))
     finally:
         get_settings.cache_clear()
+
+
+def test_a_lease_let_go_during_a_renewal_is_not_renewed_back(redis_client, monkeypatch):
+    """A delivery that ends while a renewal that counted its lease is in flight waits for it (untrack),
+    then lets go: the renewal neither reports the lease lost nor puts back its index entry."""
+    import threading
+
+    from fencing.scripts import Scripts
+    from fencing.watchdog import Watchdog
+
+    wd = Watchdog(heartbeat_ms=10_000)
+    a = Lease("r1", 5000)
+    assert a.acquire(0)
+    wd.track(a)
+    in_flight, go = threading.Event(), threading.Event()
+    execute = Scripts.execute
+
+    def paused(self, client, build):
+        in_flight.set()  # the renewal has taken its snapshot of the leases
+        assert go.wait(5)
+        return execute(self, client, build)
+
+    monkeypatch.setattr(Scripts, "execute", paused)
+    renewal = threading.Thread(target=wd.renew_all)
+    renewal.start()
+    assert in_flight.wait(5)
+
+    def end_delivery() -> None:  # as deliver's `finally`: untrack, then hand the lease over
+        wd.untrack(a)
+        monkeypatch.setattr(Scripts, "execute", execute)
+        a.release(1)
+
+    ending = threading.Thread(target=end_delivery)
+    ending.start()
+    ending.join(0.3)
+    assert ending.is_alive(), "untrack waits for the renewal in flight"
+    go.set()
+    renewal.join(5)
+    ending.join(5)
+    assert not a.lost and wd.renew_failures == 0, "a lease let go by its delivery is not a lost lease"
+    assert redis_client.get(keys.lease("r1")) == handoff_value(1)
+    assert redis_client.zscore(keys.lease_index("r1"), a.member) is None, "the release's removal stands"
