@@ -211,6 +211,18 @@ def _write(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(_render(r, args.docs))
 
 
+# In docs/benchmarks.md, everything from this line on is kept when a full run rewrites the page: the
+# sections written by hand or by other commands (routing, submission, in flight, step cost).
+KEPT = "<!-- kept by fenced bench: the sections below are written by hand or by other commands -->"
+
+
+def kept_sections(page: Path) -> str:
+    """What `page` holds from the KEPT line on ('' without one)."""
+    text = page.read_text() if page.exists() else ""
+    at = text.find(KEPT)
+    return "" if at < 0 else "\n" + text[at:]
+
+
 def _render(r: dict[str, Any], docs: Path) -> str:
     """Write benchmarks.md and benchmarks.png under `docs`; returns the markdown."""
     from bench.api_live import saved_section
@@ -218,8 +230,10 @@ def _render(r: dict[str, Any], docs: Path) -> str:
 
     docs.mkdir(parents=True, exist_ok=True)
     md = markdown(r)
-    # The live-events figures come from their own run (python -m bench.api_live): kept, not lost.
-    (docs / "benchmarks.md").write_text(md + "\n![benchmarks](benchmarks.png)\n" + saved_section())
+    page = docs / "benchmarks.md"
+    # The live-events figures come from their own run (python -m bench.api_live), and the sections
+    # after KEPT from elsewhere: kept, not lost.
+    page.write_text(md + "\n![benchmarks](benchmarks.png)\n" + saved_section() + kept_sections(page))
     plot(r, docs / "benchmarks.png")
     return md
 

@@ -88,3 +88,19 @@ def test_the_round_trip_counter_counts_what_it_says(store):
         pipe.get("a").get("b")
         pipe.execute()
     assert trips == {"sql": 1 if store == "mysql" else 0, "redis": 2}, trips
+
+
+def test_a_full_run_rewrites_its_sections_and_keeps_the_rest(tmp_path):
+    """`fenced bench` rewrites docs/benchmarks.md; what follows the KEPT line (routing, submission, in flight,
+    step cost: written by hand or by other commands) survives the rewrite, once, however many runs."""
+    from bench.cli import KEPT, _render
+
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks (an old run)\n\nstale figures\n\n" + KEPT + "\n\n## Written by hand\n\nkept text\n")
+    result = json.loads((REPO_ROOT / "bench" / "results" / "latest.json").read_text())
+    for _ in range(2):
+        _render(result, tmp_path)
+    text = page.read_text()
+    assert "stale figures" not in text and "## Targets" in text
+    assert text.count(KEPT) == 1 and text.count("## Written by hand\n\nkept text\n") == 1
+    assert text.index("## Targets") < text.index(KEPT)
