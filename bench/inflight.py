@@ -268,6 +268,9 @@ def measure(p: Params) -> dict[str, Any]:
             redis_cpu = _redis_cpu_s() - redis_cpu0
             out["load_in_window"] = [load0, _loadavg()]
             window = _window(in_list, w0, w1, p)
+            window["peak_steps_per_s"] = peak_rate(
+                [int(r[0]) for r in _query(f"SELECT at_ms FROM run_steps WHERE run_id IN ({in_list}) "
+                                           "AND phase = 'done' AND at_ms < :b", b=w1)])
             window["all_started_ms"] = all_started_ms
             window["a_run_ended_before_the_window"] = ended_before is not None
             steps = window["steps"]
@@ -297,6 +300,18 @@ def measure(p: Params) -> dict[str, Any]:
     out["redis_flushed"] = bool(get_redis().flushdb())
     out["targets"] = targets(out)
     return out
+
+
+def peak_rate(at_ms: list[int], span_ms: int = 10_000) -> float:
+    """The most steps (checkpoint B commits at `at_ms`) in any `span_ms` window, per second: the rate the
+    workers reached at their busiest, whether or not every run was in flight then."""
+    times = sorted(at_ms)
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= span_ms:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return round(best * 1000 / span_ms, 1)
 
 
 def _window(in_list: str, w0: int, w1: int, p: Params) -> dict[str, Any]:
@@ -362,9 +377,17 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     """(target, measured, met) rows; `met` None when not measured."""
     w = r.get("window", {})
-    rows = [{"target": f"steps/s >= {STEPS_RATIO_TARGET:.0%} of ideal (runs in flight / model time)",
-             "measured": f"{w.get('steps_per_s')} of {w.get('ideal_steps_per_s')} ideal = {w.get('ratio_to_ideal')}",
-             "met": w.get("ratio_to_ideal") is not None and w["ratio_to_ideal"] >= STEPS_RATIO_TARGET},
+    p = r["params"]
+    # The target's ideal is the runs submitted / model time: a machine too slow to keep them all in flight
+    # (the last ones start after the first finish) must not meet it against the few still in flight.
+    ideal = p["runs"] / (p["model_ms"] / 1000)
+    ratio = round(w["steps_per_s"] / ideal, 3) if w.get("steps_per_s") is not None else None
+    partial = (f"; {w.get('runs_in_flight')} in flight in the window: {w.get('ratio_to_ideal')} of their ideal "
+               f"{w.get('ideal_steps_per_s')}") if w.get("runs_in_flight") != p["runs"] else ""
+    peak = f"; busiest 10 s: {w['peak_steps_per_s']} steps/s" if w.get("peak_steps_per_s") is not None else ""
+    rows = [{"target": f"steps/s >= {STEPS_RATIO_TARGET:.0%} of ideal ({p['runs']:,} runs / model time)",
+             "measured": f"{w.get('steps_per_s')} of {ideal:g} ideal = {ratio}{partial}{peak}",
+             "met": ratio is not None and ratio >= STEPS_RATIO_TARGET},
             {"target": f"p95 step end -> next step start <= {GAP_P95_TARGET_MS:g} ms",
              "measured": f"{w.get('gap_ms', {}).get('p95')} ms (p50 {w.get('gap_ms', {}).get('p50')})",
              "met": (w.get("gap_ms", {}).get("p95") or 1e9) <= GAP_P95_TARGET_MS},

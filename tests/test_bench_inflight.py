@@ -37,6 +37,7 @@ def test_longrun_and_inflight_sections_measure_what_they_say(tmp_path):
     assert (p["runs"], p["concurrency"], p["pool"]) == (40, 20, "threads")
     assert w["runs_in_flight"] == p["runs"], "the window must start after every run started and end before one ended"
     assert w["steps"] > 0 and abs(w["steps_per_s"] * w["seconds"] - w["steps"]) <= 1, w
+    assert w["peak_steps_per_s"] > 0, w
     assert w["ideal_steps_per_s"] == p["runs"] / (p["model_ms"] / 1000)
     assert 0 < w["gap_ms"]["n"] <= w["steps"] and w["gap_ms"]["p50"] >= 0, w
     assert f["memory"]["per_run_kb"] > 0 and f["memory"]["peak_db_connections"] > 0, f["memory"]
@@ -50,3 +51,24 @@ def test_longrun_and_inflight_sections_measure_what_they_say(tmp_path):
     md = (tmp_path / "benchmarks.md").read_text()
     for heading in ("## Long runs: checkpoint growth", "## In flight: slow-model runs held at once", "## Targets"):
         assert heading in md
+
+
+def test_the_steps_target_is_judged_against_every_run_submitted():
+    """A machine too slow to keep every run in flight (the last runs start after the first ones end) does
+    not meet the steps/s target against the few runs still in flight in its window."""
+    from bench.inflight import targets
+
+    def row(in_flight: int, per_s: float) -> dict:
+        r = {"params": {"runs": 1000, "model_ms": 2000},
+             "window": {"steps_per_s": per_s, "runs_in_flight": in_flight, "ideal_steps_per_s": in_flight / 2,
+                        "ratio_to_ideal": round(per_s / (in_flight / 2), 3), "gap_ms": {"p95": 10.0, "p50": 5.0}}}
+        return targets(r)[0]
+
+    slow = row(225, 114.1)
+    assert slow["met"] is False and "114.1 of 500 ideal = 0.228" in slow["measured"], slow
+    assert "225 in flight in the window: 1.014" in slow["measured"], slow
+    kept = row(1000, 450.0)
+    from bench.inflight import peak_rate
+
+    assert peak_rate([0, 100, 9_999, 10_000, 30_000], span_ms=10_000) == 0.3, "3 commits within one 10 s span"
+    assert kept["met"] is True and kept["measured"] == "450.0 of 500 ideal = 0.9", kept
