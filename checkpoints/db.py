@@ -62,6 +62,7 @@ def _make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
+    settings = get_settings()
     # No pool_pre_ping: it is a round trip before every transaction (4 per step). A connection that
     # died with the server fails its first statement instead; every write runs in `in_txn` (and
     # get_run under db_retry), which retries on the fresh connection the pool then hands out.
@@ -77,12 +78,12 @@ def _make_engine(url: str) -> Engine:
         # TLS context, ~5 ms of CPU) for much of its transactions: the in-flight benchmark found a
         # quarter of a loaded worker's CPU there with 5 + 10. Transactions last about a millisecond,
         # so 20 kept connections serve hundreds of threads; beyond pool + overflow, threads wait.
-        pool_size=get_settings().db_pool_size,
-        max_overflow=get_settings().db_max_overflow,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
         connect_args={"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30},
         isolation_level="READ COMMITTED",
     )
-    idle_s = get_settings().db_idle_txn_timeout_s
+    idle_s = settings.db_idle_txn_timeout_s
 
     @event.listens_for(engine, "do_connect")
     def _multi_statements(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:

@@ -107,8 +107,7 @@ _RAW_CLAIM = (
     "SET @fenced = ROW_COUNT(); "
     "INSERT INTO run_attempts (run_id, step, epoch, worker, started_at_ms) "
     "SELECT %s, %s, %s, %s, %s FROM DUAL WHERE @fenced = 1; "
-    "INSERT INTO run_ledger (run_id, at_ms, epoch, actor, kind, reason, detail) "
-    "SELECT %s, %s, %s, %s, %s, %s, %s FROM DUAL WHERE @fenced = 1; "
+    f"{ledger.RAW_INSERT_IF % '@fenced = 1'}; "
     "COMMIT")
 _RAW_TERMINAL = (
     "UPDATE run_checkpoints SET state = %s, phase = 'done', checkpoint = %s, owner = NULL, answer = %s, "
