@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 
 
@@ -40,3 +42,21 @@ def default_concurrency(pool: str | None, configured: int | None) -> int | None:
     if configured is not None:
         return configured
     return THREADS_CONCURRENCY if (pool or "threads") in GREEN_POOLS else None
+
+
+# The files of gevent's and eventlet's monkey patching. Both walk every live object to swap the locks
+# that exist already; an `isinstance` on one of Celery's lazy proxies then loads the default app's
+# configuration, i.e. imports `celeryconfig` in the middle of the patching: after threading, before
+# socket and select. Whatever it imported then (kombu's poller, redis-py) kept the blocking originals,
+# and one greenlet waiting in kombu's select stopped every other (docs/benchmarks.md, "Pools").
+_GREEN_PATCHERS = (f"{os.sep}gevent{os.sep}monkey{os.sep}", f"{os.sep}eventlet{os.sep}patcher.py")
+
+
+def imported_while_green_patching() -> bool:
+    """True when the caller is being imported from inside gevent's or eventlet's monkey patching."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if any(part in frame.f_code.co_filename for part in _GREEN_PATCHERS):
+            return True
+        frame = frame.f_back
+    return False

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install fenced (with its test, benchmark, pydantic-ai and openai-agents extras) into it. Safe to run again.
+# Create .venv and install fenced (with its test, benchmark, gevent, pydantic-ai and openai-agents extras) into it. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -9,7 +9,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # The runtime dependencies at the versions docker/requirements.txt pins (docker/lock.py): the tests run on
 # what the image installs.
-.venv/bin/python -m pip install -q -c docker/requirements.txt -e ".[test,bench,pydantic-ai,openai-agents]"
+.venv/bin/python -m pip install -q -c docker/requirements.txt -e ".[test,bench,gevent,pydantic-ai,openai-agents]"
 # Optional C speedups (the `fast` extra: mysqlclient for FENCED_DB_URL=mysql+mysqldb://..., hiredis): mysqlclient
 # builds against Debian's default-libmysqlclient-dev with pkg-config, installed here when this runs as root
 # with apt; without them only hiredis is installed and mysql+pymysql:// (the default) is what works.
