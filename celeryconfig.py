@@ -13,13 +13,13 @@ if imported_while_green_patching():
     # the worker's own app imports this module again once the patching is done.
     raise ImportError("celeryconfig is imported after gevent/eventlet monkey patching, not during it")
 
-from kombu import Queue  # noqa: E402
+from kombu import Queue
 
-from fenced_core.errors import ConfigError  # noqa: E402
-from fenced_core.settings import get_settings  # noqa: E402
-from tasks import queues  # noqa: E402
-from tasks.kombu_client_cache import install as _reuse_publish_clients  # noqa: E402
-from tasks.kombu_close_fix import install as _keep_workers_through_broker_failover  # noqa: E402
+from fenced_core.errors import ConfigError
+from fenced_core.settings import get_settings
+from tasks import queues
+from tasks.kombu_client_cache import install as _reuse_publish_clients
+from tasks.kombu_close_fix import install as _keep_workers_through_broker_failover
 
 _keep_workers_through_broker_failover()  # kombu 5.7's close path would end the worker (tasks/kombu_close_fix.py)
 _reuse_publish_clients()  # kombu 5.7 builds a redis-py client per publish (tasks/kombu_client_cache.py)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 
 def pool_option(pool: str) -> list[str]:
@@ -54,7 +55,7 @@ _GREEN_PATCHERS = (f"{os.sep}gevent{os.sep}monkey{os.sep}", f"{os.sep}eventlet{o
 
 def imported_while_green_patching() -> bool:
     """True when the caller is being imported from inside gevent's or eventlet's monkey patching."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if any(part in frame.f_code.co_filename for part in _GREEN_PATCHERS):
             return True
