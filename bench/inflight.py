@@ -425,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a MariaDB database that is DROPPED and created afresh")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line here")
     a = ap.parse_args(argv)
+    if a.model_ms < 1:
+        ap.error("--model-ms must be at least 1: the ideal pace is runs in flight / model time")
     p = Params(runs=a.runs, workers=a.workers, concurrency=a.concurrency, pool=a.pool, model_ms=a.model_ms,
                steps=a.steps, window_s=a.window_s, takeover=not (a.no_takeover or a.quick), finish=not a.quick,
                env=dict(kv.split("=", 1) for kv in a.env))

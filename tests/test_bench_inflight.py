@@ -72,3 +72,14 @@ def test_the_steps_target_is_judged_against_every_run_submitted():
 
     assert peak_rate([0, 100, 9_999, 10_000, 30_000], span_ms=10_000) == 0.3, "3 commits within one 10 s span"
     assert kept["met"] is True and kept["measured"] == "450.0 of 500 ideal = 0.9", kept
+
+
+def test_a_zero_model_time_is_refused_with_the_option_named(capsys):
+    """The ideal pace divides by the model time: --model-ms 0 crashed after a full run (ZeroDivisionError);
+    now it is refused before anything starts."""
+    from bench.inflight import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--model-ms", "0"])
+    assert exc.value.code == 2
+    assert "--model-ms must be at least 1" in capsys.readouterr().err
