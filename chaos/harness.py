@@ -41,6 +41,7 @@ class ChaosConfig:
     finish_timeout_s: float = 0.0  # 0: derived from the lease
     app: str = ""  # a user's module the workers import besides FENCED_IMPORTS (`fenced chaos --app`)
     agent: str = ""  # the agent the scenarios' runs are submitted to ("" = FENCED_DEFAULT_AGENT)
+    pool: str = "threads"  # the workers' pool (`fenced chaos --pool`); the prefork scenarios keep prefork
 
     def worker_env(self, **overrides: str) -> dict[str, str]:
         heartbeat = max(100, self.lease_ms // 4)
@@ -77,9 +78,10 @@ class Cluster:
         self.nodes: list[WorkerNode] = []
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self, n: int, pool: str = "threads", prefix: str = "w", **env: str) -> list[WorkerNode]:
+    def start(self, n: int, pool: str | None = None, prefix: str = "w", **env: str) -> list[WorkerNode]:
+        """`n` worker nodes on `pool` (default: the config's)."""
         nodes = [WorkerNode(f"{prefix}{len(self.nodes) + i + 1}", self.cfg.worker_env(**env), self.cfg.log_dir,
-                            pool=pool, concurrency=self.cfg.concurrency) for i in range(n)]
+                            pool=pool or self.cfg.pool, concurrency=self.cfg.concurrency) for i in range(n)]
         for node in nodes:
             node.process.cwd = self.cfg.cwd
             node.start()

@@ -528,13 +528,14 @@ def redis_blip(cfg: ChaosConfig, runs: int = 8, progress: Progress = print) -> S
 
 
 def hang(cfg: ChaosConfig, times: int = 5, progress: Progress = print) -> ScenarioResult:
-    """A step that never returns (a tool or HTTP call without a timeout), on the threads and the prefork
-    pool: the run is taken over after step timeout + lease (and the hung thread, when it wakes, is fenced
-    out); a step that hangs at every delivery is dead-lettered after max_deliveries."""
+    """A step that never returns (a tool or HTTP call without a timeout), on the configured pool (threads
+    unless `fenced chaos --pool`) and on prefork: the run is taken over after step timeout + lease (and the
+    hung thread, when it wakes, is fenced out); a step that hangs at every delivery is dead-lettered after
+    max_deliveries."""
     step_timeout_s = 1
     result = ScenarioResult("hang", {"times": times, "lease_ms": cfg.lease_ms, "step_timeout_s": step_timeout_s})
     bound_ms = step_timeout_s * 1000 + cfg.lease_ms + 2000
-    for pool in ("threads", "prefork"):
+    for pool in (cfg.pool, "prefork"):
         with _cluster(cfg, faults_armed=True) as (cluster, submit):
             cluster.start(2, pool=pool, FENCED_STEP_TIMEOUT_S=str(step_timeout_s))
             for i in range(times):
@@ -582,5 +583,7 @@ def run(name: str, cfg: ChaosConfig, progress: Progress = print, **kwargs: int) 
     started = time.monotonic()
     result = SCENARIOS[name](cfg, progress=progress, **kwargs)  # type: ignore[operator]
     result.elapsed_s = time.monotonic() - started
+    if cfg.pool != "threads":
+        result.params["pool"] = cfg.pool
     result.false_positives = int(get_redis().get(keys.FALSE_POSITIVES) or 0) - before
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from enum import StrEnum
@@ -15,6 +16,11 @@ from fenced_cli.common import app, fail
 
 if TYPE_CHECKING:
     from chaos.harness import ChaosConfig
+
+
+class ChaosPool(StrEnum):
+    threads = "threads"
+    gevent = "gevent"
 
 
 class Scenario(StrEnum):
@@ -61,6 +67,9 @@ def chaos(
                                           "runs only in this mode.")] = False,
     cluster_port: Annotated[int, typer.Option(min=1, max=65530, help="With --cluster: the first of the six "
                                               "nodes' ports.")] = 7000,
+    pool: Annotated[ChaosPool, typer.Option("--pool", help="The workers' Celery pool (gevent needs the gevent "
+                                            "extra); the scenarios about prefork children keep prefork.")]
+    = ChaosPool.threads,
 ) -> None:
     """Kill, freeze and wipe real workers and stores, then judge every run. Point it at a test deployment:
     `wipe` flushes the configured Redis and `db-restart` restarts the local MariaDB."""
@@ -98,7 +107,9 @@ def chaos(
             fail(f"scenario(s) {', '.join(demo_only)} drive the demo agent's test markers; with --app run "
                  f"{', '.join(n for n in SCENARIOS if n not in DEMO_ONLY)}")
         names = [n for n in names if n not in DEMO_ONLY]
-    cfg = ChaosConfig(lease_ms=lease_ms, step_ms=step_ms, app=app_module or "", agent=chosen or "")
+    if pool is ChaosPool.gevent and importlib.util.find_spec("gevent") is None:
+        fail("--pool gevent: gevent is not installed (pip install 'fenced[gevent]')")
+    cfg = ChaosConfig(lease_ms=lease_ms, step_ms=step_ms, app=app_module or "", agent=chosen or "", pool=pool.value)
     if sentinel:  # worker logs apart from a plain run's (.fenced/chaos-sentinel/w1.log, …)
         cfg.log_dir = cfg.log_dir.with_name("chaos-sentinel")
     results: list[ScenarioResult] = []

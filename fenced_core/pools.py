@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 
@@ -61,3 +61,13 @@ def imported_while_green_patching() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def off_the_hub(fn: Callable[[], None]) -> None:
+    """Call `fn` now; on a gevent worker's hub (where Celery runs its signal handlers, as loop callbacks
+    that may not block) in a new greenlet instead, since `fn` does I/O or starts a timer."""
+    gevent = sys.modules.get("gevent")
+    if gevent is not None and gevent.getcurrent() is gevent.get_hub():
+        gevent.spawn(fn)
+        return
+    fn()

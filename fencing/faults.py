@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import structlog
@@ -66,7 +65,9 @@ def _stop_group_then_self() -> None:
                     os.kill(int(entry), signal.SIGSTOP)
             except (ProcessLookupError, PermissionError):
                 pass
-    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    # raise(3): to the calling OS thread, as pthread_kill(pthread_self()) would be. Not threading.get_ident(),
+    # which a gevent worker's patching turns into a greenlet's id (that stop hit no thread: the step ran on).
+    signal.raise_signal(signal.SIGSTOP)
 
 
 def next_hit(timeout_s: float) -> tuple[str, str, int] | None:

@@ -124,6 +124,7 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
     import os
     import threading
 
+    from fenced_core.pools import off_the_hub
     from fenced_core.settings import get_settings
 
     drain_s = get_settings().drain_s
@@ -134,10 +135,13 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
             child.kill()
         os._exit(1)
 
-    log.info("draining", signal=sig, how=how, drain_s=drain_s)
-    timer = threading.Timer(drain_s, give_up)
-    timer.daemon = True
-    timer.start()
+    def start_the_clock() -> None:
+        log.info("draining", signal=sig, how=how, drain_s=drain_s)
+        timer = threading.Timer(drain_s, give_up)
+        timer.daemon = True
+        timer.start()
+
+    off_the_hub(start_the_clock)
 
 
 app.steps["worker"].add(LivenessStep)

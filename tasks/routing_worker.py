@@ -16,6 +16,7 @@ import structlog
 from celery import bootsteps, signals
 from kombu import Queue
 
+from fenced_core.pools import off_the_hub
 from fenced_core.settings import get_settings
 from fencing import registry
 from fencing.connection import process_token
@@ -125,7 +126,7 @@ def _draining(**_: Any) -> None:
     """SIGTERM: no new wake-ups are routed here while the steps in flight drain."""
     node = policy.this_node()
     if node:
-        _mark_draining(node)
+        off_the_hub(lambda: _mark_draining(node))
 
 
 def _mark_draining(node: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 from chaos.harness import ChaosConfig
 from chaos.report import ScenarioResult, percentile
 from chaos.scenarios import bounds, run
+from tests.extras import require_extra
 
 pytestmark = pytest.mark.chaos
 
@@ -35,6 +36,23 @@ CFG: dict[str, dict[str, Any]] = {"kill": {"lease_ms": 6000}}
 @pytest.mark.parametrize("name", list(REDUCED))
 def test_scenario_passes_at_reduced_scale(name: str, mysql_store: str, tmp_path: Path) -> None:
     cfg = replace(ChaosConfig(lease_ms=2000, step_ms=300, tool_ms=200, log_dir=tmp_path), **CFG.get(name, {}))
+    _passes(name, cfg)
+
+
+@pytest.mark.parametrize("name", ["kill", "zombie"])
+def test_scenario_passes_on_gevent_workers(name: str, mysql_store: str, tmp_path: Path) -> None:
+    """`fenced chaos --pool gevent`: the kills and the freezes on greenlet workers (the zombie's self-stop
+    fault once stopped no thread there: threading.get_ident() is a greenlet's id under gevent)."""
+    require_extra("gevent")
+    cfg = replace(ChaosConfig(lease_ms=2000, step_ms=300, tool_ms=200, log_dir=tmp_path, pool="gevent"),
+                  **CFG.get(name, {}))
+    result = _passes(name, cfg)
+    assert result.params["pool"] == "gevent"
+    banners = [log.read_text() for log in tmp_path.glob("w*.log")]
+    assert banners and all("concurrency: 4 (gevent)" in b for b in banners), "every worker ran the gevent pool"
+
+
+def _passes(name: str, cfg: ChaosConfig) -> ScenarioResult:
     result: ScenarioResult = run(name, cfg, progress=lambda _msg: None, **REDUCED[name])
     assert result.runs > 0, result.notes
     assert result.acted > 0, f"{name} hit no run in flight: it proved nothing ({result.notes})"
@@ -56,3 +74,4 @@ def test_scenario_passes_at_reduced_scale(name: str, mysql_store: str, tmp_path:
         assert len(freezes) == REDUCED[name]["times"], "every freeze was taken over"
         assert bound.freeze_min_ms == cfg.lease_ms - cfg.lease_ms // 4 and min(freezes) >= bound.freeze_min_ms, freezes
     assert result.false_positives == 0
+    return result
