@@ -49,7 +49,7 @@ def default_concurrency(pool: str | None, configured: int | None) -> int | None:
 # that exist already; an `isinstance` on one of Celery's lazy proxies then loads the default app's
 # configuration, i.e. imports `celeryconfig` in the middle of the patching: after threading, before
 # socket and select. Whatever it imported then (kombu's poller, redis-py) kept the blocking originals,
-# and one greenlet waiting in kombu's select stopped every other (docs/benchmarks.md, "Pools").
+# and one greenlet waiting in kombu's select stopped every other (docs/benchmarks.md, "gevent, unfrozen").
 _GREEN_PATCHERS = (f"{os.sep}gevent{os.sep}monkey{os.sep}", f"{os.sep}eventlet{os.sep}patcher.py")
 
 
