@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from checkpoints import ledger
 from fencing import events
+from harness.workers import REPO_ROOT
 from tasks import submit_run
 from tests.extras import require_extra
 from tests.workers_fixture import wait_terminal
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # What `celery -A tasks worker --pool gevent` does before it loads the app (celery/__main__.py), then the
 # app itself; prints what kombu's poller and redis-py's connections will call.
@@ -31,7 +29,7 @@ import sys
 sys.argv = ["celery", "-A", "tasks", "worker", "--pool", "gevent"]
 from celery import maybe_patch_concurrency
 maybe_patch_concurrency()
-import select, socket
+import select
 import tasks, kombu.utils.eventio as eventio, redis.connection as rc
 import gevent.select, gevent.socket
 print(eventio._selectf is gevent.select.select, rc.socket.socket is gevent.socket.socket,
@@ -42,7 +40,7 @@ print(eventio._selectf is gevent.select.select, rc.socket.socket is gevent.socke
 def test_the_gevent_worker_binds_geventss_select_and_socket():
     require_extra("gevent")
     out = subprocess.run([sys.executable, "-c", _PROBE],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True", "True"], (
         "kombu's poller or redis-py kept the blocking select/socket (imported during the patching)", out.stdout)
