@@ -16,7 +16,7 @@ if imported_while_green_patching():
 from kombu import Queue
 
 from fenced_core.errors import ConfigError
-from fenced_core.settings import get_settings
+from fenced_core.settings import INLINE_WINDOW_S, get_settings
 from tasks import queues
 from tasks.kombu_client_cache import install as _reuse_publish_clients
 from tasks.kombu_close_fix import install as _keep_workers_through_broker_failover
@@ -57,7 +57,8 @@ worker_concurrency = default_concurrency(split_pool(sys.argv[1:])[0], _settings.
 # `--pool prefork` from its own default and would replace it with this setting, so the setting is only
 # made when the command line names no pool: `celery -A tasks worker` runs threads, `--pool prefork` prefork.
 worker_pool = None if split_pool(sys.argv[1:])[0] else "threads"
-task_time_limit = _settings.step_timeout_s + 30
+# A delivery may run further steps inline (FENCED_INLINE_STEPS), starting them within INLINE_WINDOW_S.
+task_time_limit = _settings.step_timeout_s + INLINE_WINDOW_S + 30
 worker_hijack_root_logger = False
 
 # The modules that define the agents and FencedTasks this worker runs: importing one registers them.

@@ -158,38 +158,50 @@ def cpu_profile(runs: int, top: int = 25) -> dict[str, Any]:
     import io
     import pstats
 
+    from fenced_core.settings import get_settings
     from tasks import submit_run
 
+    # As a worker runs them (FENCED_INLINE_STEPS: a step ready at once runs in the delivery before it),
+    # and, for comparison, one delivery per step (every step handed over through the broker).
+    inline = get_settings().inline_steps
     half = max(1, runs // 2)
-    ids = [submit_run(f"cpu-{i}-{time.time_ns()}", QUERY) for i in range(2 + 2 * half)]
+    ids = [submit_run(f"cpu-{i}-{time.time_ns()}", QUERY) for i in range(2 + 3 * half)]
     for run_id in ids[:2]:
-        drive(run_id, lambda _ms: None)
-    cpu, wall = time.process_time(), time.perf_counter()
-    for run_id in ids[2:2 + half]:
-        drive(run_id, lambda _ms: None)
+        drive(run_id, lambda _ms: None, inline=inline)
     steps = STEPS_PER_RUN * half
-    cpu_ms, wall_ms = (time.process_time() - cpu) * 1000 / steps, (time.perf_counter() - wall) * 1000 / steps
+
+    def timed(batch: list[str], each_inline: int) -> tuple[float, float]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        for run_id in batch:
+            drive(run_id, lambda _ms: None, inline=each_inline)
+        return (time.process_time() - cpu) * 1000 / steps, (time.perf_counter() - wall) * 1000 / steps
+
+    cpu_ms, wall_ms = timed(ids[2:2 + half], inline)
+    one_cpu_ms, one_wall_ms = timed(ids[2 + half:2 + 2 * half], 0)
     # The same deliveries again, counted (the counting costs CPU of its own: not in the figures above).
     with round_trips() as trips:
-        for run_id in ids[2 + half:]:
-            drive(run_id, lambda _ms: None)
-    counted_steps = STEPS_PER_RUN * (len(ids) - 2 - half)
+        for run_id in ids[2 + 2 * half:]:
+            drive(run_id, lambda _ms: None, inline=inline)
+    counted_steps = STEPS_PER_RUN * (len(ids) - 2 - 2 * half)
     profile = cProfile.Profile()
     profile.enable()
     for run_id in [submit_run(f"cpu-p{i}-{time.time_ns()}", QUERY) for i in range(half)]:
-        drive(run_id, lambda _ms: None)
+        drive(run_id, lambda _ms: None, inline=inline)
     profile.disable()
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(top)
-    return {"cpu_ms_per_step": round(cpu_ms, 2), "wall_ms_per_step": round(wall_ms, 2),
+    return {"cpu_ms_per_step": round(cpu_ms, 2), "wall_ms_per_step": round(wall_ms, 2), "inline_steps": inline,
+            "one_step_per_delivery": {"cpu_ms_per_step": round(one_cpu_ms, 2),
+                                      "wall_ms_per_step": round(one_wall_ms, 2)},
             "sql_round_trips_per_step": round(trips["sql"] / counted_steps, 2),
             "redis_round_trips_per_step": round(trips["redis"] / counted_steps, 2),
             "counted_steps": counted_steps, "profile": out.getvalue().strip()}
 
 
 def drive(run_id: str, each: Callable[[float], None],
-          send: Callable[[str, int], None] | None = None) -> None:
-    """Deliver every step of a submitted run here, as a worker would; `each(ms)` after each delivery.
+          send: Callable[[str, int], None] | None = None, inline: int = 0) -> None:
+    """Deliver every step of a submitted run here, as a worker would (`inline`: as deliver's, steps a
+    delivery may run after its own); `each(ms)` after each delivery.
 
     `send` (default: the real continuation send) is called for every continuation; the messages that
     reach the broker are removed, since this process delivers the steps itself."""
@@ -207,7 +219,7 @@ def drive(run_id: str, each: Callable[[float], None],
     step: int | None = None
     for _ in range(STEPS_PER_RUN):
         t = time.perf_counter()
-        outcome = deliver(run_id, step, send_next)
+        outcome = deliver(run_id, step, send_next, inline=inline)
         each((time.perf_counter() - t) * 1000)
         if outcome == "done":
             break

@@ -124,9 +124,16 @@ def markdown(r: dict[str, Any]) -> str:
         if "cpu_ms_per_step" in plain:
             bd = r["breakdown"]
             cpu = ", ".join(f"{s}: {bd[s]['cpu_ms_per_step']} ms CPU in {bd[s]['wall_ms_per_step']} ms" for s in stores)
-            lines += [f"CPU of the delivering process per step, untimed: {cpu}; plain Celery: "
+            lines += [f"CPU of the delivering process per step, untimed, as a worker runs them: {cpu}; plain Celery: "
                       f"{plain['cpu_ms_per_step']} ms. Top functions by own time under cProfile: "
                       "`bench/results/profile-<store>.txt`.", ""]
+            if all("one_step_per_delivery" in bd[s] for s in stores):
+                one = ", ".join(f"{s}: {bd[s]['one_step_per_delivery']['cpu_ms_per_step']} ms CPU in "
+                                f"{bd[s]['one_step_per_delivery']['wall_ms_per_step']} ms" for s in stores)
+                n = bd[stores[0]].get("inline_steps")
+                lines += [f"As a worker runs them means up to {n} steps inline after a delivery's own "
+                          f"(`FENCED_INLINE_STEPS={n}`); with one delivery per step (`FENCED_INLINE_STEPS=0`, "
+                          f"every step handed over through the broker): {one}.", ""]
             if all("sql_round_trips_per_step" in bd[s] for s in stores):
                 trips = ", ".join(f"{s}: {bd[s]['sql_round_trips_per_step']:g} SQL and "
                                   f"{bd[s]['redis_round_trips_per_step']:g} Redis" for s in stores)

@@ -314,7 +314,7 @@ def peek_run_txn(conn: Connection, run_id: str) -> Run | None:
     return Run.from_row(row) if row else None
 
 
-def claim(run: Run | str, token: str, step: int | None = None) -> Claim | None:
+def claim(run: Run | str, token: str, step: int | None = None, inline: bool = False) -> Claim | None:
     """Claim the run as it is now (epoch + 1, owner = `token`); None if it is not live any more, or (with
     `step`) if it is no longer at `step` (a stale wake-up: nothing written).
 
@@ -322,7 +322,8 @@ def claim(run: Run | str, token: str, step: int | None = None) -> Claim | None:
     may be stale (the previous holder, slow but alive, can have written checkpoint A, a card or a park
     since), and resuming from it would pay the model twice. The claim runs from what the row says."""
     run_id = run if isinstance(run, str) else run.run_id
-    c = in_raw_txn(_claim_raw, run_id, token, step) if one_trip() else in_txn(_claim_txn, run_id, token, step)
+    c = (in_raw_txn(_claim_raw, run_id, token, step, inline) if one_trip()
+         else in_txn(_claim_txn, run_id, token, step, inline))
     if c is not None and history.sealed_of(c.run.checkpoint):
         # A run longer than one history segment: its sealed segments, read after the claim (they never
         # change once written, and those the row names were committed with it or before).
@@ -345,16 +346,21 @@ class _ClaimPlan:
     detail: dict[str, Any]
 
 
-def _plan_claim(run: Run) -> _ClaimPlan:
+def _plan_claim(run: Run, inline: bool = False) -> _ClaimPlan:
+    """`inline`: the claim comes from the delivery that ran the step before, still holding the lease."""
     takeover = run.owner is not None
-    who = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(), "delivery": run.deliveries + 1}
+    who: dict[str, Any] = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(),
+                           "delivery": run.deliveries + 1}
     if takeover:
         kind = "takeover"
         reason = (f"previous holder {run.owner} (epoch {run.epoch}) never handed step {run.step} over; "
                   f"resuming {resume_point(run.phase, run.step)}")
         detail = {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase, **who}
     else:
-        kind, reason, detail = "claimed", f"step {run.step} claimed, {resume_point(run.phase, run.step)}", who
+        how = "claimed inline by the delivery that ran the step before" if inline else "claimed"
+        kind, reason, detail = "claimed", f"step {run.step} {how}, {resume_point(run.phase, run.step)}", who
+        if inline:
+            detail = {**who, "inline": True}
     return _ClaimPlan(run.epoch + 1, run.deliveries + 1, run.total_deliveries + 1, now_ms(), takeover, kind, reason,
                       detail)
 
@@ -368,7 +374,8 @@ def _claim_of(run: Run, plan: _ClaimPlan, token: str, attempt_id: int) -> Claim:
                  previous_owner=run.owner, deliveries=plan.deliveries)
 
 
-def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = None) -> Claim | None:
+def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = None,
+               inline: bool = False) -> Claim | None:
     row = conn.execute(_GET_RUN_LOCKED, {"w_run_id": run_id}).mappings().first()
     if row is None:
         return None
@@ -381,7 +388,7 @@ def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = Non
                          previous_owner=None, deliveries=run.deliveries)
     if not _claimable(run, step):
         return None
-    plan = _plan_claim(run)
+    plan = _plan_claim(run, inline)
     updated = change_state_txn(conn, run.run_id, LIVE_STATES, "running", at_epoch=run.epoch, what="claim",
                                epoch=plan.epoch, owner=token, deliveries=plan.deliveries,
                                total_deliveries=plan.total_deliveries, updated_at_ms=plan.now)
@@ -394,7 +401,7 @@ def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = Non
     return _claim_of(run, plan, token, int(attempt_id))
 
 
-def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Claim | None:
+def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None, inline: bool = False) -> Claim | None:
     """_claim_txn in two round trips (MySQL/MariaDB): the locked read, then the compare-and-set with its
     attempt row, its ledger entry and the COMMIT as one query (each insert conditional on the update)."""
     cur.execute(_RAW_GET_LOCKED, (run_id,))
@@ -413,7 +420,7 @@ def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Cl
     if not _claimable(run, step):
         cur.execute("COMMIT")
         return None
-    plan = _plan_claim(run)
+    plan = _plan_claim(run, inline)
     for source in LIVE_STATES:  # the state change this is (change_state_txn's check, for the raw statement)
         if (source, "running") not in TRANSITIONS:
             raise IllegalTransition(f"claim: {source} -> running is not a run state change")

@@ -16,6 +16,9 @@ DB_SCHEMES = ("mysql+pymysql://", "mysql+mysqldb://", "sqlite:///")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CLUSTER_SCHEME = "redis+cluster://"  # fenced's Redis on a Redis Cluster (fencing.cluster)
 SENTINEL_SCHEME = "redis+sentinel://"  # fenced's Redis through Sentinel (fencing.sentinel)
+# A delivery starts a next step inline (FENCED_INLINE_STEPS) only this long after it began, so one Celery
+# task never outlives its hard time limit (celeryconfig: step timeout + this window + 30 s).
+INLINE_WINDOW_S = 20
 
 
 class Settings(BaseSettings):
@@ -71,6 +74,9 @@ class Settings(BaseSettings):
     retry_budget: int = Field(5, ge=0, description="Transient retries per step")
     concurrency: int | None = Field(None, gt=0, description="Worker concurrency; unset: 64 for the threads pool, "
                                     "Celery's default (one process per CPU) for prefork (fenced_core.pools)")
+    inline_steps: int = Field(8, ge=0, description="Steps a delivery may run after its own, in the same worker "
+                              "slot, when the next one is ready at once (threads and gevent workers; 0 = every "
+                              "step goes through the broker; tasks.delivery)")
     task_events: bool = Field(True, description="Workers send Celery task events and senders task-sent events "
                               "(Flower's live task view); off saves about four broker publishes per step")
 

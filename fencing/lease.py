@@ -101,6 +101,21 @@ class Lease:
             pipe.execute()
         return taken
 
+    def renew(self, client: redis.Redis | None = None) -> bool:
+        """Extend the lease for a full ttl if it is still ours (and move our index entry with it): one
+        round trip. False: lost (expired, taken over, or Redis lost it); `lost` is set then."""
+        client = client or get_redis()
+        registered = scripts_for(client)
+
+        def build(pipe: redis.client.Pipeline) -> None:
+            registered.queue(pipe, scripts.renew(self.run_id, token=self.token, ttl_ms=self.ttl_ms))
+            pipe.zadd(self.index, {self.member: now_ms() + self.ttl_ms}, gt=True)
+
+        if int(registered.execute(client, build)[0]) == 1:
+            return True
+        self.lost = True
+        return False
+
     def release(self, handoff_step: int | None = None, client: redis.Redis | None = None,
                 watch_until_ms: int | None = None) -> bool:
         """Drop the lease, or leave a handoff for step `handoff_step` that expires like a lease.

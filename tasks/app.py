@@ -15,7 +15,7 @@ from celery.worker.request import Request
 from tasks import wakeup
 from tasks.bootsteps import LivenessStep
 from tasks.celery_app import RUN_TASK, app
-from tasks.delivery import deliver
+from tasks.delivery import deliver, stop_inlining
 from tasks.metrics import MetricsStep
 from tasks.routing_worker import RoutingStep
 
@@ -70,10 +70,22 @@ def run_agent(self: Task, run_id: str, step: int | None = None) -> str:
     step already done, does nothing. Acked late: a worker that crashes mid-step leaves the run to be taken
     over from its last checkpoint (lease expiry, fast takeover, or this message redelivered), and a
     holder taken over is fenced out of every write it still tries."""
-    outcome = deliver(run_id, step, send_next=wakeup.continuation)
+    outcome = deliver(run_id, step, send_next=wakeup.continuation, inline=_inline_steps())
     if outcome in ("failed", "dead"):
         raise RunEnded(f"run {run_id} ended {outcome} in this delivery (see `fenced status {run_id}`)")
     return outcome
+
+
+def _inline_steps() -> int:
+    from fenced_core.settings import get_settings
+
+    return get_settings().inline_steps
+
+
+@signals.worker_process_init.connect
+def _no_inlining_in_pool_children(**_: Any) -> None:
+    """A prefork child never hears of its worker's drain: its deliveries hand every step over."""
+    stop_inlining()
 
 
 @signals.celeryd_after_setup.connect
@@ -134,6 +146,8 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
         for child in multiprocessing.active_children():
             child.kill()
         os._exit(1)
+
+    stop_inlining()  # deliveries in flight end at their current step (threads and gevent pools)
 
     def start_the_clock() -> None:
         log.info("draining", signal=sig, how=how, drain_s=drain_s)

@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import structlog
 
 from checkpoints import ledger, runs
 from fenced_core.errors import FencedOut, LeaseLost, StoreUnavailable
-from fenced_core.settings import get_settings
+from fenced_core.settings import INLINE_WINDOW_S, get_settings
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms, rescue_answered
 from fencing.watchdog import get_watchdog
+from routing import policy
 from tasks import endings, hooks, wakeup
 from tasks.step import StepRunner
 
 log = structlog.get_logger("tasks.delivery")
 
 
-def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None] = wakeup.continuation) -> str:
+def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None] = wakeup.continuation,
+            inline: int = 0) -> str:
     """Handle one wake-up; returns what happened (for logs and tests). `send_next(run_id, step)` sends the
     continuation, after the lease is handed over (never before: it would be dropped as a duplicate).
+    With `inline` > 0, up to that many following steps run in this delivery when each is ready at once
+    (`_goes_on` says when, and why that is as safe as a handoff); the outcome is then the last step's.
 
     A store outage (StoreUnavailable) mid-delivery ends it "store_unavailable": the lease is let go with
     our index entry due now, so the reaper rescues the run on its next tick; a crash anywhere is taken
@@ -57,22 +62,76 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
     # only after checkpoint B of step - 1 committed, so the row was at this step then; the claim reads
     # the row locked and checks the step again (docs/design.md, "Round trips removed").
     watchdog = get_watchdog(s.heartbeat_ms)
-    # Renewed from now on: a claim that waits on the database (a frozen holder's row lock) must not
-    # lose the lease meanwhile. The step timeout counts from here too.
-    watchdog.track(lease, s.step_timeout_s)
+    began = time.monotonic()
     handoff: int | None = None
-    claim = None
     outcome = "error"
+    ran = 0
+    try:
+        while True:
+            outcome = "error"
+            # Renewed from now on: a claim that waits on the database (a frozen holder's row lock) must not
+            # lose the lease meanwhile. The step timeout counts from here too, for each step.
+            watchdog.track(lease, s.step_timeout_s)
+            outcome, handoff = _claim_and_run(run_id, step, lease, inline=ran > 0)
+            if handoff is None or not _goes_on(lease, ran, inline, began):
+                return outcome
+            # Inline: this delivery claims the next step itself, holding the lease all along (see
+            # `_goes_on`); no handoff, no message, no second delivery.
+            watchdog.untrack(lease)
+            ran, step, handoff = ran + 1, handoff, None
+    finally:
+        watchdog.untrack(lease)
+        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", "error"))
+        if handoff is not None:
+            send_next(run_id, handoff)
+
+
+class _Inlining:
+    """Whether this process may run steps inline at all: not once its worker drains (a warm shutdown
+    waits for deliveries in flight; each should end at its step, not at its run's), not in a prefork
+    child (which never hears of the drain); tasks.app switches it off for both."""
+
+    allowed = True
+
+
+def stop_inlining() -> None:
+    """From now on every delivery of this process hands its next step over through the broker."""
+    _Inlining.allowed = False
+
+
+def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
+    """Whether the delivery that just finished a step runs the next one itself (up to `inline` more).
+
+    Safe as a handoff is: checkpoint B committed the row at the next step with no owner, and the lease
+    never left this delivery, so no other delivery can have claimed that step; the renewal proves the
+    lease is still ours at this instant, and the claim that follows reads the row locked, checks the
+    step and raises the epoch, exactly as the continuation's delivery would. A lease lost meanwhile
+    (expired, taken over) goes the ordinary way: release (refused) and a continuation, which the
+    holder's delivery drops. Not under `reach` routing, which decides where each step runs."""
+    if ran >= inline or not _Inlining.allowed or lease.timed_out:
+        return False
+    if time.monotonic() - began >= INLINE_WINDOW_S or policy.reach():
+        return False
+    try:
+        return lease.renew()
+    except StoreUnavailable as exc:  # Redis down: hand over the ordinary way (the release fails the same)
+        log.warning("inline_renew_failed", run_id=lease.run_id, error=repr(exc))
+        return False
+
+
+def _claim_and_run(run_id: str, step: int | None, lease: Lease, inline: bool) -> tuple[str, int | None]:
+    """Claim `step` under the lease we hold and run it: (outcome, the step to hand over to or None)."""
+    s = get_settings()
+    claim = None
     try:
         # The claim runs on the row as it is now, whatever the snapshot above said.
-        claim = runs.claim(run_id, lease.token, step)
+        claim = runs.claim(run_id, lease.token, step, inline=inline)
         if claim is None:
-            outcome = "skipped"
             now = runs.peek_run(run_id)
             if now is not None and now.terminal:
                 endings.repair(now)
             log.info("not_live_at_claim", run_id=run_id, state=now.state if now else None)
-            return outcome
+            return "skipped", None
         lease.epoch = claim.epoch
         blog = log.bind(run_id=run_id, epoch=claim.epoch, step=claim.run.step)
         hooks.claimed(run_id, claim.epoch, claim.run.step, claim.run.agent)
@@ -85,38 +144,27 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
                 raise FencedOut(run_id, claim.epoch, "epoch mirror")
             endings.dead_letter(claim, f"step {claim.run.step} claimed {claim.deliveries - 1} times without finishing",
                         {"worker": lease.token, "phase": claim.run.phase, "previous_owner": claim.run.owner})
-            outcome = "dead"
-            return outcome
+            return "dead", None
         result = StepRunner(claim, lease).run_step()
-        handoff = result.next_step
-        outcome = result.state
-        blog.info("delivery_done", outcome=outcome)
-        return outcome
+        blog.info("delivery_done", outcome=result.state, inline=inline)
+        return result.state, result.next_step
     except FencedOut as exc:
-        outcome = "fenced_out"
         log.warning("fenced_out", run_id=run_id, epoch=exc.epoch, at=exc.what)
         if claim is not None:
             _close(claim, "fenced_out", str(exc))
             hooks.fenced_out(run_id, claim.epoch, exc.what)
             ledger.record(run_id, claim.epoch, lease.token, "fence_rejected",
                           f"write refused at {exc.what}: a newer epoch owns the run; stopped without terminal write")
-        return outcome
+        return "fenced_out", None
     except LeaseLost as exc:
-        outcome = "lease_lost"
         log.warning("lease_lost_stopping", run_id=run_id, epoch=claim.epoch if claim else None,
                     step_timeout=lease.timed_out)
         if claim is not None:
             _close(claim, "step_timeout" if lease.timed_out else "lease_lost", str(exc))
-        return outcome
+        return "lease_lost", None
     except StoreUnavailable as exc:
-        outcome = "store_unavailable"
         log.error("store_unavailable", run_id=run_id, epoch=claim.epoch if claim else None, error=repr(exc))
-        return outcome
-    finally:
-        watchdog.untrack(lease)
-        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", "error"))
-        if handoff is not None:
-            send_next(run_id, handoff)
+        return "store_unavailable", None
 
 
 def _look(run_id: str, step: int | None) -> tuple[str | None, runs.Run | None]:

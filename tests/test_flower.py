@@ -58,7 +58,9 @@ def flower(tmp_path: Path) -> Iterator[str]:
 
 
 def test_flower_lists_our_worker_and_run_agent_tasks_with_the_run_id(workers, flower: str) -> None:
-    w = workers.start("fl")
+    # One step inline after each delivery's own: the run's four steps take two deliveries, so Flower
+    # shows a task that ran two steps and a continuation.
+    w = workers.start("fl", FENCED_INLINE_STEPS="1")
     run_id = submit_run("u1", "headphones")
     wait_terminal([run_id], timeout=40)
 
@@ -71,13 +73,14 @@ def test_flower_lists_our_worker_and_run_agent_tasks_with_the_run_id(workers, fl
     def run_tasks() -> list[dict[str, object]]:
         tasks = httpx.get(f"{flower}/api/tasks", params={"taskname": "fenced.run_agent"}, timeout=10).json()
         found = [t for t in tasks.values() if run_id in str(t.get("args"))]
-        # The run's four steps: its first wake-up (task id = run id) and three continuations, all succeeded.
-        return found if len(found) == 4 and all(t.get("state") == "SUCCESS" for t in found) else []
+        # The run's four steps: its first wake-up (task id = run id, steps 0 and 1) and one continuation
+        # (steps 2 and 3), both succeeded.
+        return found if len(found) == 2 and all(t.get("state") == "SUCCESS" for t in found) else []
 
-    found = wait_for(run_tasks, 20, "Flower to show the run's four deliveries")
+    found = wait_for(run_tasks, 20, "Flower to show the run's two deliveries")
     assert {t["name"] for t in found} == {"fenced.run_agent"}
     assert {t["worker"] for t in found} == {node}
     assert run_id in {t["uuid"] for t in found}, "the first wake-up's task id is the run id"
     # run_agent(run_id, step): the first wake-up carries no step, each continuation the step it wakes.
     calls = sorted((tuple(ast.literal_eval(str(t["args"]))) for t in found), key=lambda a: (a[1] is not None, a[1]))
-    assert calls == [(run_id, None), (run_id, 1), (run_id, 2), (run_id, 3)], found
+    assert calls == [(run_id, None), (run_id, 2)], found

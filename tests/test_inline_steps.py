@@ -1,0 +1,162 @@
+"""Inline steps (issue 17), in-process on both stores: a delivery that finished a step claims the next one
+itself, holding the lease all along, up to its `inline` budget; each inline claim is a claim like any
+other (epoch + 1, an attempt row, a ledger entry that says it was inline); a lease lost, a drain, or a
+spent budget hands the next step over through the broker instead."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+import examples.shopping  # noqa: F401 - registers the demo agent the deliveries run
+from checkpoints import ledger, runs
+from fencing import events, keys
+from tasks import delivery, submit_run
+from tasks.delivery import deliver
+from harness.verdict import check_run
+from tasks.step import StepRunner
+from tests.workers_fixture import wait_for, wait_terminal
+
+QUERY = "wireless headphones under $100"
+
+
+@pytest.fixture(autouse=True)
+def _inlining_allowed() -> Iterator[None]:
+    yield
+    delivery._Inlining.allowed = True  # a test that stopped it (as a drain does) leaves it as it found it
+
+
+def _claims(run_id: str) -> list[ledger.Entry]:
+    return [e for e in ledger.history(run_id) if e.kind in ("claimed", "takeover")]
+
+
+def test_one_delivery_runs_the_whole_run_inline_each_step_claimed_and_shown_once(store, redis_client):
+    run_id = submit_run("u-inline", QUERY)
+    sent: list[int] = []
+    assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "done"
+    assert sent == [], "no continuation went through the broker"
+    run = runs.get_run(run_id)
+    claims = _claims(run_id)
+    assert len(claims) == run.step + 1 >= 3, "one claim per step"
+    assert [c.kind for c in claims] == ["claimed"] * len(claims), "never a takeover of itself"
+    assert [c.epoch for c in claims] == list(range(1, len(claims) + 1)), "each inline claim raised the epoch"
+    assert "inline" not in claims[0].detail and "inline" not in claims[0].reason
+    for c in claims[1:]:
+        assert c.detail.get("inline") is True and "claimed inline" in c.reason, c
+    assert len({c.actor for c in claims}) == 1, "one delivery, one lease token, start to end"
+    view = events.live_view(events.read(run_id))
+    assert len(view) == len(events.read(run_id)), "no event superseded or repeated"
+    assert sorted({e.step for e in view if e.type != "run_done"}) == list(range(run.step + 1))
+    assert not redis_client.exists(keys.lease(run_id)), "the run ended; the lease went with it"
+
+
+def test_the_budget_spent_the_next_step_is_handed_over(store, redis_client):
+    run_id = submit_run("u-budget", QUERY)
+    sent: list[int] = []
+    assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=1) == "continue"
+    assert sent == [2], "steps 0 and 1 ran here; step 2 goes through the broker"
+    assert redis_client.get(keys.lease(run_id)) == "handoff:2"
+    assert deliver(run_id, 2, lambda _r, s: sent.append(s)) == "continue", "inline=0: one step per delivery"
+    assert sent == [2, 3]
+
+
+def test_a_lease_lost_during_the_step_ends_the_delivery_at_that_step(store, redis_client, monkeypatch):
+    """The step finished (checkpoint B is fenced by the epoch, not the lease), but another holder has the
+    lease now: the delivery must not claim the next step itself; it hands over as ever."""
+    run_id = submit_run("u-lost", QUERY)
+    real = StepRunner.run_step
+
+    def step_then_lose_the_lease(self: StepRunner):  # type: ignore[no-untyped-def]
+        outcome = real(self)
+        redis_client.set(keys.lease(run_id), "someone-else/0", px=60_000)
+        return outcome
+
+    monkeypatch.setattr(StepRunner, "run_step", step_then_lose_the_lease)
+    sent: list[int] = []
+    assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "continue"
+    assert sent == [1], "the continuation went out through the broker"
+    assert len(_claims(run_id)) == 1, "no inline claim without the lease"
+    assert redis_client.get(keys.lease(run_id)) == "someone-else/0", "the other holder's lease is untouched"
+
+
+def test_a_draining_process_hands_every_next_step_over(store, redis_client):
+    run_id = submit_run("u-drain", QUERY)
+    delivery.stop_inlining()
+    sent: list[int] = []
+    assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "continue"
+    assert sent == [1] and len(_claims(run_id)) == 1
+
+
+def test_a_step_past_its_timeout_never_goes_on_inline(store, redis_client, monkeypatch):
+    """The watchdog let the lease go at the step timeout (it is left to run out, unrenewed); a step that
+    finishes anyway must not renew it by going on: the next step goes through the broker."""
+    run_id = submit_run("u-timeout", QUERY)
+    real = StepRunner.run_step
+
+    def step_past_its_timeout(self: StepRunner):  # type: ignore[no-untyped-def]
+        outcome = real(self)
+        self.lease.timed_out = True  # as the watchdog marks a step that overran step_timeout_s
+        return outcome
+
+    monkeypatch.setattr(StepRunner, "run_step", step_past_its_timeout)
+    sent: list[int] = []
+    assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "continue"
+    assert sent == [1] and len(_claims(run_id)) == 1
+
+
+def test_past_the_window_or_under_reach_routing_the_next_step_goes_through_the_broker(store, monkeypatch):
+    """A delivery starts no inline step after INLINE_WINDOW_S (its Celery task's hard time limit allows
+    one more step timeout, no more), and none under `reach`, which routes every step itself."""
+    first = submit_run("u-window", QUERY)
+    monkeypatch.setattr(delivery, "INLINE_WINDOW_S", 0)
+    sent: list[int] = []
+    assert deliver(first, None, lambda _r, s: sent.append(s), inline=8) == "continue"
+    assert sent == [1]
+    monkeypatch.undo()
+    second = submit_run("u-reach", QUERY)
+    monkeypatch.setattr(delivery.policy, "reach", lambda: True)
+    assert deliver(second, None, lambda _r, s: sent.append(s), inline=8) == "continue"
+    assert sent == [1, 1]
+
+
+def _pid(entry: ledger.Entry) -> int:
+    return int(entry.actor.split(":")[1])  # host:pid:nonce/delivery
+
+
+def test_a_draining_worker_ends_its_chain_at_the_step_in_flight_and_hands_the_run_over(workers):
+    """Real workers: the holder runs steps inline until SIGTERM; the step in flight finishes, the next one
+    goes through the broker to the other worker, claimed there as a handoff (no takeover)."""
+    pool = [workers.start(name, FENCED_STUB_STEP_MS="2500") for name in ("a", "b")]
+    run_id = submit_run("u-drain", "buy a keyboard")
+    wait_for(lambda: len(_claims(run_id)) >= 2, 40, "a second step, claimed inline")
+    first, second = _claims(run_id)[:2]
+    assert second.detail.get("inline") is True and _pid(second) == _pid(first)
+    [holder] = [w for w in pool if w.proc.pid == _pid(first)]
+    [other] = [w for w in pool if w is not holder]
+    holder.kill(signal.SIGTERM)
+    holder.proc.wait(30)
+    [run] = wait_terminal([run_id], timeout=60)
+    assert run.state == "done"
+    v = check_run(run_id)
+    assert v.ok and v.takeovers == 0, v.failures
+    claims = _claims(run_id)
+    by_holder = [c for c in claims if _pid(c) == holder.proc.pid]
+    after = claims[len(by_holder):]
+    assert claims[:len(by_holder)] == by_holder, "the holder's claims come first, then the other's"
+    assert after and all(_pid(c) == other.proc.pid for c in after), "the rest ran on the other worker"
+    assert "inline" not in after[0].detail, "handed over through the broker, not claimed inline"
+
+
+@pytest.mark.parametrize("how", ["FENCED_INLINE_STEPS=0", "prefork"])
+def test_a_worker_with_inline_steps_off_or_a_prefork_worker_hands_every_step_over(workers, how):
+    """A prefork child never hears of its worker's drain, so it runs no step inline."""
+    if how == "prefork":
+        workers.start("a", pool="prefork", concurrency=1)
+    else:
+        workers.start("a", FENCED_INLINE_STEPS="0")
+    run_id = submit_run("u-off", "buy a keyboard")
+    wait_terminal([run_id], timeout=40)
+    claims = _claims(run_id)
+    assert len(claims) >= 3 and not any(c.detail.get("inline") for c in claims)
