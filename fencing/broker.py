@@ -40,3 +40,10 @@ def _client_for_broker(url: str) -> redis.Redis:
         target = parse_broker_url(url, get_settings().broker_master_name)
         return client_for_target(target, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
     return client_for(url)
+
+
+def waiting(queue: str) -> int:
+    """Messages waiting in `queue`'s list on the broker (one LLEN)."""
+    from fencing import keys
+
+    return int(get_broker_redis().llen(keys.broker_queue(queue)))

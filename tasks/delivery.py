@@ -10,11 +10,12 @@ import structlog
 from checkpoints import ledger, runs
 from fenced_core.errors import FencedOut, LeaseLost, StoreUnavailable
 from fenced_core.settings import INLINE_WINDOW_S, get_settings
+from fencing import broker
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms, rescue_answered
 from fencing.watchdog import get_watchdog
 from routing import policy
-from tasks import endings, hooks, wakeup
+from tasks import endings, hooks, queues, wakeup
 from tasks.step import StepRunner
 
 log = structlog.get_logger("tasks.delivery")
@@ -107,15 +108,21 @@ def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
     lease is still ours at this instant, and the claim that follows reads the row locked, checks the
     step and raises the epoch, exactly as the continuation's delivery would. A lease lost meanwhile
     (expired, taken over) goes the ordinary way: release (refused) and a continuation, which the
-    holder's delivery drops. Not under `reach` routing, which decides where each step runs."""
+    holder's delivery drops. Not under `reach` routing, which decides where each step runs, and not
+    while wake-ups wait on the continuation queue."""
     if ran >= inline or not _Inlining.allowed or lease.timed_out:
         return False
     if time.monotonic() - began >= INLINE_WINDOW_S or policy.reach():
         return False
     try:
+        # Wake-ups waiting on the continuation queue (other runs' next steps, rescues, replies) would wait
+        # behind this run's further steps on a worker whose slots are all taken: they go first, as the
+        # queue order says, and this run's next step queues up behind them.
+        if broker.waiting(queues.CONTINUE):
+            return False
         return lease.renew()
-    except StoreUnavailable as exc:  # Redis down: hand over the ordinary way (the release fails the same)
-        log.warning("inline_renew_failed", run_id=lease.run_id, error=repr(exc))
+    except Exception as exc:  # Redis or the broker down: hand over the ordinary way (that may fail the same)
+        log.warning("inline_check_failed", run_id=lease.run_id, error=repr(exc))
         return False
 
 
