@@ -83,3 +83,22 @@ def test_a_zero_model_time_is_refused_with_the_option_named(capsys):
         main(["--model-ms", "0"])
     assert exc.value.code == 2
     assert "--model-ms must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_cpu_split_measures_both_passes_on_real_workers(mysql_store, tmp_path):
+    """`python -m bench.cpu_split`: a burst per FENCED_INLINE_STEPS value on real workers, CPU per step read
+    from /proc for the workers, mariadbd and redis-server; the inline pass really ran steps inline and
+    the other did not."""
+    from tests.conftest import MYSQL_URL, REDIS_URL
+
+    proc = subprocess.run([sys.executable, "-m", "bench.cpu_split", "--redis-url", REDIS_URL, "--db-url", MYSQL_URL,
+                           "--runs", "20", "--inline", "8", "--inline", "0", "--log-dir", str(tmp_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    on, off = (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
+    assert (on["inline_steps"], off["inline_steps"]) == (8, 0)
+    for p in (on, off):
+        assert p["runs"] == 20 and p["steps_per_s"] > 0, p
+        assert all(p["cpu_ms_per_step"][k] > 0 for k in ("workers", "mariadb", "redis", "client")), p
+    assert on["inline_deliveries"] >= 20 and off["inline_deliveries"] == 0, (on, off)
