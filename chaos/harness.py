@@ -42,6 +42,7 @@ class ChaosConfig:
     app: str = ""  # a user's module the workers import besides FENCED_IMPORTS (`fenced chaos --app`)
     agent: str = ""  # the agent the scenarios' runs are submitted to ("" = FENCED_DEFAULT_AGENT)
     pool: str = "threads"  # the workers' pool (`fenced chaos --pool`); the prefork scenarios keep prefork
+    inline_steps: int | None = None  # FENCED_INLINE_STEPS of the workers (None: the default)
 
     def worker_env(self, **overrides: str) -> dict[str, str]:
         heartbeat = max(100, self.lease_ms // 4)
@@ -63,6 +64,8 @@ class ChaosConfig:
             env["FENCED_IMPORTS"] = ",".join(m for m in (get_settings().imports, self.app) if m)
         if self.agent:
             env["FENCED_DEFAULT_AGENT"] = self.agent
+        if self.inline_steps is not None:
+            env["FENCED_INLINE_STEPS"] = str(self.inline_steps)
         return {**os.environ, **env, **overrides}
 
     @property

@@ -140,7 +140,9 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
               '        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", '
               '"error"))\n'),),
         # Without the probe the sender wins the race nearly always (the release is one round trip).
-        "steady", {"runs": 4, "slow_release_ms": 300}, ("healthy", "handoff_gap"), probes=(LET_GO_PROBE,), ci=True),
+        # Every step through the broker: an inline step hands nothing over, so it could not show this.
+        "steady", {"runs": 4, "slow_release_ms": 300}, ("healthy", "handoff_gap"), probes=(LET_GO_PROBE,), ci=True,
+        cfg={"inline_steps": 0}),
     Mutation(
         "no-fast-takeover", "fast takeover off by default (settings.fast_takeover)",
         (Edit("fenced_core/settings.py", "fast_takeover: bool = Field(True,", "fast_takeover: bool = Field(False,"),),

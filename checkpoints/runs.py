@@ -357,9 +357,9 @@ def _plan_claim(run: Run, inline: bool = False) -> _ClaimPlan:
                   f"resuming {resume_point(run.phase, run.step)}")
         detail = {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase, **who}
     else:
-        how = "claimed inline by the delivery that ran the step before" if inline else "claimed"
-        kind, reason, detail = "claimed", f"step {run.step} {how}, {resume_point(run.phase, run.step)}", who
+        kind, reason, detail = "claimed", f"step {run.step} claimed, {resume_point(run.phase, run.step)}", who
         if inline:
+            reason += f" (inline: the delivery that ran step {run.step - 1} went on)"
             detail = {**who, "inline": True}
     return _ClaimPlan(run.epoch + 1, run.deliveries + 1, run.total_deliveries + 1, now_ms(), takeover, kind, reason,
                       detail)

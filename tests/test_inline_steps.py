@@ -44,8 +44,9 @@ def test_one_delivery_runs_the_whole_run_inline_each_step_claimed_and_shown_once
     assert [c.kind for c in claims] == ["claimed"] * len(claims), "never a takeover of itself"
     assert [c.epoch for c in claims] == list(range(1, len(claims) + 1)), "each inline claim raised the epoch"
     assert "inline" not in claims[0].detail and "inline" not in claims[0].reason
-    for c in claims[1:]:
-        assert c.detail.get("inline") is True and "claimed inline" in c.reason, c
+    for step, c in enumerate(claims[1:], start=1):
+        assert c.detail.get("inline") is True and c.reason.startswith(f"step {step} claimed, "), c
+        assert c.reason.endswith(f"(inline: the delivery that ran step {step - 1} went on)"), c
     assert len({c.actor for c in claims}) == 1, "one delivery, one lease token, start to end"
     view = events.live_view(events.read(run_id))
     assert len(view) == len(events.read(run_id)), "no event superseded or repeated"
