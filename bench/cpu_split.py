@@ -19,18 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from bench.work import QUERY, STEPS_PER_RUN
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.inflight import cpu_s
+from bench.throughput import burst
+from bench.work import STEPS_PER_RUN
 
 
 def _server_pids(redis_url: str) -> dict[str, list[int]]:
@@ -50,7 +45,6 @@ def one_pass(runs: int, inline: int, concurrency: int, log_dir: Path) -> dict[st
     from checkpoints.schema import run_checkpoints as rc
     from fencing.connection import get_redis
     from harness.workers import WorkerProcess
-    from tasks.submit import SubmitRequest, submit_many
 
     get_redis().flushdb()
     env = {"FENCED_INLINE_STEPS": str(inline)}
@@ -62,26 +56,19 @@ def one_pass(runs: int, inline: int, concurrency: int, log_dir: Path) -> dict[st
         for w in workers:
             w.wait_for_log("ready.", timeout=60)
 
-        def submit(n: int, tag: str) -> list[str]:
-            ids: list[str] = []
-            for at in range(0, n, 50):
-                batch = [SubmitRequest(f"{tag}-{at + i}-{uuid.uuid4().hex[:8]}", QUERY) for i in range(min(50, n - at))]
-                ids += [o.run_id for o in submit_many(batch) if o.run_id is not None]
-            return ids
-
         def done(ids: list[str]) -> int:
             with transaction(readonly=True) as conn:
                 return int(conn.execute(sa.select(sa.func.count()).where(rc.c.run_id.in_(ids), rc.c.state == "done"))
                            .scalar() or 0)
 
-        warm = submit(10, "warm")
+        warm = burst(10, 50)
         while done(warm) < len(warm):
             time.sleep(0.05)
         servers = _server_pids(os.environ["FENCED_REDIS_URL"])
         pids = {"workers": [w.proc.pid for w in workers if w.proc is not None], **servers}
         before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
         client, started = time.process_time(), time.monotonic()
-        ids = submit(runs, "burst")
+        ids = burst(runs, 50)
         while done(ids) < runs:
             time.sleep(0.05)
         wall = time.monotonic() - started

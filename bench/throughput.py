@@ -148,7 +148,7 @@ def fenced(p: Params, store: str, redis_url: str, db_url: str, name: str = "") -
         for _ in range(WARMUP):
             _wait_done_event(submit_run(f"warm-{uuid.uuid4().hex[:12]}", QUERY))
         started = time.time()
-        ids = _burst(p.runs, p.submit_batch)
+        ids = burst(p.runs, p.submit_batch)
         r.submit_s = time.time() - started
         if p.submit_batch > 1:
             r.notes.append(f"burst submitted through submit_many in batches of {p.submit_batch}")
@@ -163,7 +163,8 @@ def fenced(p: Params, store: str, redis_url: str, db_url: str, name: str = "") -
     return r
 
 
-def _burst(runs: int, batch: int) -> list[str]:
+def burst(runs: int, batch: int) -> list[str]:
+    """Submit `runs` runs, each for a new user: through submit_many in batches of `batch` (1: submit_run)."""
     from tasks import submit_run
     from tasks.submit import SubmitRequest, submit_many
 

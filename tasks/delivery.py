@@ -77,8 +77,7 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
             if handoff is None or not _goes_on(lease, ran, inline, began):
                 return outcome
             # Inline: this delivery claims the next step itself, holding the lease all along (see
-            # `_goes_on`); no handoff, no message, no second delivery.
-            watchdog.untrack(lease)
+            # `_goes_on`); no handoff, no message, no second delivery. track() restarts the step timeout.
             ran, step, handoff = ran + 1, handoff, None
     finally:
         watchdog.untrack(lease)
