@@ -7,6 +7,7 @@ harmless. A run's state changes only here, through `change_state_txn` and the ta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -101,6 +102,18 @@ _RAW_CHECKPOINT_B = (
     f"SET @fenced = ROW_COUNT(); {_RAW_STEP_ROW}; "
     "UPDATE run_attempts SET ended_at_ms = %s, outcome = 'step_done', error = NULL WHERE id = %s AND @fenced = 1; "
     "COMMIT")
+# Checkpoint B and the inline claim of the next step in one transaction (write_step_done_and_claim): the
+# row goes to step + 1 owned by the same delivery at epoch + 1; the step row, the attempt closed, the next
+# attempt and the claim's ledger entry each conditional on the fenced UPDATE.
+_RAW_CHECKPOINT_B_CLAIM = (
+    "UPDATE run_checkpoints SET step = %s, phase = 'done', checkpoint = %s, epoch = %s, owner = %s, deliveries = %s, "
+    f"total_deliveries = %s, last_event_id = %s, updated_at_ms = %s WHERE {_RAW_FENCE}; "
+    f"SET @fenced = ROW_COUNT(); {_RAW_STEP_ROW}; "
+    "UPDATE run_attempts SET ended_at_ms = %s, outcome = 'step_done', error = NULL WHERE id = %s AND @fenced = 1; "
+    "INSERT INTO run_attempts (run_id, step, epoch, worker, started_at_ms) "
+    "SELECT %s, %s, %s, %s, %s FROM DUAL WHERE @fenced = 1; "
+    f"{ledger.RAW_INSERT_IF % '@fenced = 1'}; "
+    "COMMIT")
 _RAW_CLAIM = (
     "UPDATE run_checkpoints SET epoch = %s, owner = %s, state = 'running', deliveries = %s, total_deliveries = %s, "
     "updated_at_ms = %s WHERE run_id = %s AND epoch = %s AND state IN ('queued', 'running'); "
@@ -172,6 +185,8 @@ class Claim:
     takeover: bool
     previous_owner: str | None
     deliveries: int
+    # the row's total_deliveries once claimed (what the next claim counts on from), when known
+    total_deliveries: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -314,7 +329,7 @@ def peek_run_txn(conn: Connection, run_id: str) -> Run | None:
     return Run.from_row(row) if row else None
 
 
-def claim(run: Run | str, token: str, step: int | None = None, inline: bool = False) -> Claim | None:
+def claim(run: Run | str, token: str, step: int | None = None) -> Claim | None:
     """Claim the run as it is now (epoch + 1, owner = `token`); None if it is not live any more, or (with
     `step`) if it is no longer at `step` (a stale wake-up: nothing written).
 
@@ -322,8 +337,7 @@ def claim(run: Run | str, token: str, step: int | None = None, inline: bool = Fa
     may be stale (the previous holder, slow but alive, can have written checkpoint A, a card or a park
     since), and resuming from it would pay the model twice. The claim runs from what the row says."""
     run_id = run if isinstance(run, str) else run.run_id
-    c = (in_raw_txn(_claim_raw, run_id, token, step, inline) if one_trip()
-         else in_txn(_claim_txn, run_id, token, step, inline))
+    c = in_raw_txn(_claim_raw, run_id, token, step) if one_trip() else in_txn(_claim_txn, run_id, token, step)
     if c is not None and history.sealed_of(c.run.checkpoint):
         # A run longer than one history segment: its sealed segments, read after the claim (they never
         # change once written, and those the row names were committed with it or before).
@@ -347,7 +361,8 @@ class _ClaimPlan:
 
 
 def _plan_claim(run: Run, inline: bool = False) -> _ClaimPlan:
-    """`inline`: the claim comes from the delivery that ran the step before, still holding the lease."""
+    """`inline`: the claim comes from the delivery that ran the step before, still holding the lease
+    (write_step_done_and_claim)."""
     takeover = run.owner is not None
     who: dict[str, Any] = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(),
                            "delivery": run.deliveries + 1}
@@ -371,11 +386,10 @@ def _claimable(run: Run, step: int | None) -> bool:
 
 def _claim_of(run: Run, plan: _ClaimPlan, token: str, attempt_id: int) -> Claim:
     return Claim(run=run, epoch=plan.epoch, token=token, attempt_id=attempt_id, takeover=plan.takeover,
-                 previous_owner=run.owner, deliveries=plan.deliveries)
+                 previous_owner=run.owner, deliveries=plan.deliveries, total_deliveries=plan.total_deliveries)
 
 
-def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = None,
-               inline: bool = False) -> Claim | None:
+def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = None) -> Claim | None:
     row = conn.execute(_GET_RUN_LOCKED, {"w_run_id": run_id}).mappings().first()
     if row is None:
         return None
@@ -385,10 +399,10 @@ def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = Non
         attempt = conn.execute(_OWN_ATTEMPT, {"w_run_id": run_id, "w_epoch": run.epoch, "w_worker": token}).scalar()
         if attempt is not None:
             return Claim(run=run, epoch=run.epoch, token=token, attempt_id=int(attempt), takeover=False,
-                         previous_owner=None, deliveries=run.deliveries)
+                         previous_owner=None, deliveries=run.deliveries, total_deliveries=run.total_deliveries)
     if not _claimable(run, step):
         return None
-    plan = _plan_claim(run, inline)
+    plan = _plan_claim(run)
     updated = change_state_txn(conn, run.run_id, LIVE_STATES, "running", at_epoch=run.epoch, what="claim",
                                epoch=plan.epoch, owner=token, deliveries=plan.deliveries,
                                total_deliveries=plan.total_deliveries, updated_at_ms=plan.now)
@@ -401,7 +415,7 @@ def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = Non
     return _claim_of(run, plan, token, int(attempt_id))
 
 
-def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None, inline: bool = False) -> Claim | None:
+def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Claim | None:
     """_claim_txn in two round trips (MySQL/MariaDB): the locked read, then the compare-and-set with its
     attempt row, its ledger entry and the COMMIT as one query (each insert conditional on the update)."""
     cur.execute(_RAW_GET_LOCKED, (run_id,))
@@ -416,11 +430,11 @@ def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None, inlin
         if attempt is not None:
             cur.execute("COMMIT")
             return Claim(run=run, epoch=run.epoch, token=token, attempt_id=int(attempt[0]), takeover=False,
-                         previous_owner=None, deliveries=run.deliveries)
+                         previous_owner=None, deliveries=run.deliveries, total_deliveries=run.total_deliveries)
     if not _claimable(run, step):
         cur.execute("COMMIT")
         return None
-    plan = _plan_claim(run, inline)
+    plan = _plan_claim(run)
     for source in LIVE_STATES:  # the state change this is (change_state_txn's check, for the raw statement)
         if (source, "running") not in TRANSITIONS:
             raise IllegalTransition(f"claim: {source} -> running is not a run state change")
@@ -591,6 +605,84 @@ def write_step_done(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usag
 
     in_txn(txn)
     _sealed(c, stored)
+
+
+def write_step_done_and_claim(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage,
+                              last_event_id: str) -> Claim:
+    """Checkpoint B of `step` and the inline claim of step + 1 by the same delivery (same token), in ONE
+    fenced transaction: what write_step_done followed by claim(run, token, step + 1, inline=True) writes
+    (the step row, the attempt closed, the row at step + 1 with epoch + 1 and this token, the next attempt,
+    the claim's ledger entry), without the claim's locked read of the row in between. The claim is
+    planned from what checkpoint B writes, which is what that read would return: every write to a running
+    row by anyone else (a claim, a cancel, an epoch repair) raises its epoch, and this transaction is
+    fenced by this claim's epoch. FencedOut when that epoch no longer owns the run (nothing written).
+
+    A retried transaction whose first commit landed (its reply lost) finds its own next attempt and
+    returns that claim: the fence makes the write apply at most once."""
+    if ("running", "running") not in TRANSITIONS:
+        raise IllegalTransition("inline claim: running -> running is not a run state change")
+    stored = _store(c, checkpoint)
+    body = {**checkpoint, "history": list(checkpoint.get("history", []))}
+    if stored.sealed:  # as claim() leaves it: the whole history, and how much of it segments hold
+        body.update({history.SEALED: stored.sealed, history.WHOLE: True})
+    after_b = dataclasses.replace(
+        c.run, step=step + 1, phase="done", checkpoint=body, owner=None, epoch=c.epoch, state="running", deliveries=0,
+        total_deliveries=c.total_deliveries, prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens, model_calls=usage.model_calls, last_event_id=last_event_id)
+    plan = _plan_claim(after_b, inline=True)
+    after_b.updated_at_ms = plan.now
+    what = f"checkpoint B of step {step} with the inline claim of step {step + 1}"
+    if one_trip() and not stored.segments:
+        attempt_id = in_raw_txn(_step_done_and_claim_raw, c, step, stored.blob, usage, last_event_id, plan, what)
+    else:
+        attempt_id = in_txn(_step_done_and_claim_txn, c, step, stored, usage, last_event_id, plan, what)
+    _sealed(c, stored)
+    return _claim_of(after_b, plan, c.token, attempt_id)
+
+
+def _step_done_and_claim_raw(cur: Any, c: Claim, step: int, blob: bytes, usage: Usage, last_event_id: str,
+                             plan: _ClaimPlan, what: str) -> int:
+    """write_step_done_and_claim's transaction in one round trip (MySQL/MariaDB); the next attempt's id."""
+    run_id = c.run.run_id
+    cur.execute(_RAW_CHECKPOINT_B_CLAIM, (
+        step + 1, blob, plan.epoch, c.token, plan.deliveries, plan.total_deliveries, last_event_id, plan.now,
+        run_id, c.epoch,
+        step, c.epoch, "done", c.token, usage.prompt_tokens, usage.completion_tokens, plan.now, run_id,
+        plan.now, c.attempt_id,
+        run_id, step + 1, plan.epoch, c.token, plan.now,
+        run_id, plan.now, plan.epoch, c.token, plan.kind, plan.reason, json.dumps(plan.detail, sort_keys=True,
+                                                                                 default=str)))
+    out = results(cur)
+    if out[0][0] == 1:
+        return int(out[4][1])
+    cur.execute(f"{_RAW_OWN_ATTEMPT}; COMMIT", (run_id, plan.epoch, c.token))
+    mine = results(cur)[0][2]
+    if mine:  # this transaction's first commit landed; the retry matched nothing because of it
+        return int(mine[0][0])
+    raise FencedOut(run_id, c.epoch, what)
+
+
+def _step_done_and_claim_txn(conn: Connection, c: Claim, step: int, stored: history.Stored, usage: Usage,
+                             last_event_id: str, plan: _ClaimPlan, what: str) -> int:
+    """write_step_done_and_claim's transaction through SQLAlchemy Core (SQLite; sealed segments)."""
+    run_id = c.run.run_id
+    values = {"step": step + 1, "phase": "done", "checkpoint": stored.blob, "epoch": plan.epoch, "owner": c.token,
+              "deliveries": plan.deliveries, "total_deliveries": plan.total_deliveries,
+              "last_event_id": last_event_id, "updated_at_ms": plan.now}
+    if not conn.execute(_fenced_update(tuple(sorted(values))), {
+            "w_run_id": run_id, "w_epoch": c.epoch, **{f"v_{k}": v for k, v in values.items()}}).rowcount:
+        mine = conn.execute(_OWN_ATTEMPT, {"w_run_id": run_id, "w_epoch": plan.epoch, "w_worker": c.token}).scalar()
+        if mine is None:
+            raise FencedOut(run_id, c.epoch, what)
+        return int(mine)  # this transaction's first commit landed; the retry matched nothing because of it
+    history.write_segments_txn(conn, run_id, stored.segments)
+    _step_row_txn(conn, c, step, "done", stored.blob, usage.prompt_tokens, usage.completion_tokens)
+    _end_attempt_txn(conn, c.attempt_id, "step_done")
+    attempt_id = conn.execute(_INSERT_ATTEMPT, {
+        "run_id": run_id, "step": step + 1, "epoch": plan.epoch, "worker": c.token, "started_at_ms": plan.now,
+    }).inserted_primary_key[0]  # type: ignore[index]
+    ledger.record_txn(conn, run_id, plan.epoch, c.token, plan.kind, plan.reason, plan.detail)
+    return int(attempt_id)
 
 
 def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_event_id: str, *,

@@ -67,16 +67,21 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
     handoff: int | None = None
     outcome = "error"
     ran = 0
+    claimed: runs.Claim | None = None
+
+    def goes_on() -> bool:
+        return _goes_on(lease, ran, inline, began)
+
     try:
         while True:
             outcome = "error"
             # Renewed from now on: a claim that waits on the database (a frozen holder's row lock) must not
             # lose the lease meanwhile. The step timeout counts from here too, for each step.
             watchdog.track(lease, s.step_timeout_s)
-            outcome, handoff = _claim_and_run(run_id, step, lease, inline=ran > 0)
-            if handoff is None or not _goes_on(lease, ran, inline, began):
+            outcome, handoff, claimed = _claim_and_run(run_id, step, lease, claimed, goes_on)
+            if claimed is None:
                 return outcome
-            # Inline: this delivery claims the next step itself, holding the lease all along (see
+            # Inline: checkpoint B claimed the next step for this delivery, holding the lease all along (see
             # `_goes_on`); no handoff, no message, no second delivery. track() restarts the step timeout.
             ran, step, handoff = ran + 1, handoff, None
     finally:
@@ -100,15 +105,17 @@ def stop_inlining() -> None:
 
 
 def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
-    """Whether the delivery that just finished a step runs the next one itself (up to `inline` more).
+    """Whether the delivery whose step has done its work runs the next one itself (up to `inline` more):
+    asked by the step before its checkpoint B, which then claims the next step in the same transaction
+    (checkpoints.runs.write_step_done_and_claim).
 
-    Safe as a handoff is: checkpoint B committed the row at the next step with no owner, and the lease
-    never left this delivery, so no other delivery can have claimed that step; the renewal proves the
-    lease is still ours at this instant, and the claim that follows reads the row locked, checks the
-    step and raises the epoch, exactly as the continuation's delivery would. A lease lost meanwhile
-    (expired, taken over) goes the ordinary way: release (refused) and a continuation, which the
-    holder's delivery drops. Not under `reach` routing, which decides where each step runs, and not
-    while wake-ups wait on the continuation queue."""
+    Safe as a handoff is: the lease never left this delivery, and the renewal proves it is still ours at
+    this instant, so no other delivery can have claimed the run; the transaction that follows is fenced
+    by this claim's epoch and raises it, so it writes only if nothing else touched the row since (every
+    other writer raises the epoch). A lease lost meanwhile (expired, taken over) goes the ordinary way:
+    checkpoint B alone, release (refused) and a continuation, which the holder's delivery drops. Not
+    under `reach` routing, which decides where each step runs, and not while wake-ups wait on the
+    continuation queue. docs/design.md, "Round trips removed", has the whole argument."""
     if ran >= inline or not _Inlining.allowed or lease.timed_out:
         return False
     if time.monotonic() - began >= INLINE_WINDOW_S or policy.reach():
@@ -125,19 +132,27 @@ def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
         return False
 
 
-def _claim_and_run(run_id: str, step: int | None, lease: Lease, inline: bool) -> tuple[str, int | None]:
-    """Claim `step` under the lease we hold and run it: (outcome, the step to hand over to or None)."""
+def _claim_and_run(run_id: str, step: int | None, lease: Lease, claimed: runs.Claim | None,
+                   goes_on: Callable[[], bool]) -> tuple[str, int | None, runs.Claim | None]:
+    """Claim `step` under the lease we hold (or take `claimed`, this delivery's inline claim of it) and run
+    it: (outcome, the step to hand over to or None, this delivery's claim of that step if it goes on)."""
     s = get_settings()
-    claim = None
+    claim = claimed
     try:
-        # The claim runs on the row as it is now, whatever the snapshot above said.
-        claim = runs.claim(run_id, lease.token, step, inline=inline)
+        if claim is not None:
+            # Claimed with the last step's checkpoint B; the lease may have been lost since (a step timeout
+            # that fired meanwhile): then the step is not run, and a takeover resumes it.
+            if lease.lost:
+                raise LeaseLost(run_id)
+        else:
+            # The claim runs on the row as it is now, whatever the snapshot above said.
+            claim = runs.claim(run_id, lease.token, step)
         if claim is None:
             now = runs.peek_run(run_id)
             if now is not None and now.terminal:
                 endings.repair(now)
             log.info("not_live_at_claim", run_id=run_id, state=now.state if now else None)
-            return "skipped", None
+            return "skipped", None, None
         lease.epoch = claim.epoch
         blog = log.bind(run_id=run_id, epoch=claim.epoch, step=claim.run.step)
         hooks.claimed(run_id, claim.epoch, claim.run.step, claim.run.agent)
@@ -150,10 +165,10 @@ def _claim_and_run(run_id: str, step: int | None, lease: Lease, inline: bool) ->
                 raise FencedOut(run_id, claim.epoch, "epoch mirror")
             endings.dead_letter(claim, f"step {claim.run.step} claimed {claim.deliveries - 1} times without finishing",
                         {"worker": lease.token, "phase": claim.run.phase, "previous_owner": claim.run.owner})
-            return "dead", None
-        result = StepRunner(claim, lease).run_step()
-        blog.info("delivery_done", outcome=result.state, inline=inline)
-        return result.state, result.next_step
+            return "dead", None, None
+        result = StepRunner(claim, lease, goes_on).run_step()
+        blog.info("delivery_done", outcome=result.state, inline=claimed is not None)
+        return result.state, result.next_step, result.claimed
     except FencedOut as exc:
         log.warning("fenced_out", run_id=run_id, epoch=exc.epoch, at=exc.what)
         if claim is not None:
@@ -161,16 +176,16 @@ def _claim_and_run(run_id: str, step: int | None, lease: Lease, inline: bool) ->
             hooks.fenced_out(run_id, claim.epoch, exc.what)
             ledger.record(run_id, claim.epoch, lease.token, "fence_rejected",
                           f"write refused at {exc.what}: a newer epoch owns the run; stopped without terminal write")
-        return "fenced_out", None
+        return "fenced_out", None, None
     except LeaseLost as exc:
         log.warning("lease_lost_stopping", run_id=run_id, epoch=claim.epoch if claim else None,
                     step_timeout=lease.timed_out)
         if claim is not None:
             _close(claim, "step_timeout" if lease.timed_out else "lease_lost", str(exc))
-        return "lease_lost", None
+        return "lease_lost", None, None
     except StoreUnavailable as exc:
         log.error("store_unavailable", run_id=run_id, epoch=claim.epoch if claim else None, error=repr(exc))
-        return "store_unavailable", None
+        return "store_unavailable", None, None
 
 
 def _look(run_id: str, step: int | None) -> tuple[str | None, runs.Run | None]:

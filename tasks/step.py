@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +43,12 @@ FINAL_EVENTS = events.FINAL_EVENTS  # re-exported: delivery and the CLI import i
 
 @dataclass(frozen=True)
 class Outcome:
-    """How the step ended: `next_step` set means hand over to a continuation."""
+    """How the step ended: `next_step` set means hand over to a continuation, unless `claimed` holds this
+    delivery's claim of that step (claimed inline with checkpoint B: the delivery runs it next)."""
 
     state: str  # continue / done / failed / waiting / dead
     next_step: int | None = None
+    claimed: Claim | None = None
 
 
 class RetriesExhausted(Exception):
@@ -55,9 +58,12 @@ class RetriesExhausted(Exception):
 class StepRunner:
     """Runs the claimed step of one run; every durable write is fenced by the claim's epoch."""
 
-    def __init__(self, claim: Claim, lease: Lease) -> None:
+    def __init__(self, claim: Claim, lease: Lease, goes_on: Callable[[], bool] = lambda: False) -> None:
         self.c = claim
         self.lease = lease
+        # Asked once the step's work is done: whether this delivery runs the next step too (tasks.delivery),
+        # claiming it in checkpoint B's transaction.
+        self.goes_on = goes_on
         self.settings = get_settings()
         run = claim.run
         self.run = run
@@ -139,11 +145,16 @@ class StepRunner:
         self.boundary()
         self.history.append(record)
         self.emit(f"s{self.step}:done", "step_done", {"name": name})
+        claimed = None
         with metrics.checkpoint_timer("B"):
-            runs.write_step_done(self.c, self.step, self.checkpoint(), self.usage, self.last_event_id)
-        self.log.info("step_done")
+            if self.goes_on():
+                claimed = runs.write_step_done_and_claim(self.c, self.step, self.checkpoint(), self.usage,
+                                                         self.last_event_id)
+            else:
+                runs.write_step_done(self.c, self.step, self.checkpoint(), self.usage, self.last_event_id)
+        self.log.info("step_done", inline_claim=claimed is not None)
         hooks.step_done(self.run_id, self.c.epoch, self.step, name)
-        return Outcome("continue", next_step=self.step + 1)
+        return Outcome("continue", next_step=self.step + 1, claimed=claimed)
 
     def finish(self, record: dict[str, Any] | None, answer: str) -> Outcome:
         """The run is done: its last record, its answer, settlement and the final event."""

@@ -9,9 +9,12 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 import examples.shopping  # noqa: F401 - registers the demo agent the deliveries run
 from checkpoints import ledger, runs
+from checkpoints.db import transaction
+from checkpoints.schema import run_attempts
 from fencing import events, keys
 from fencing.connection import get_redis
 from harness.verdict import check_run
@@ -27,6 +30,12 @@ QUERY = "wireless headphones under $100"
 def _inlining_allowed() -> Iterator[None]:
     yield
     delivery._Inlining.allowed = True  # a test that stopped it (as a drain does) leaves it as it found it
+
+
+def _attempts(run_id: str) -> list[sa.Row]:
+    with transaction(readonly=True) as conn:
+        return list(conn.execute(sa.select(run_attempts).where(run_attempts.c.run_id == run_id)
+                                 .order_by(run_attempts.c.id)).all())
 
 
 def _claims(run_id: str) -> list[ledger.Entry]:
@@ -68,19 +77,48 @@ def test_a_lease_lost_during_the_step_ends_the_delivery_at_that_step(store, redi
     """The step finished (checkpoint B is fenced by the epoch, not the lease), but another holder has the
     lease now: the delivery must not claim the next step itself; it hands over as ever."""
     run_id = submit_run("u-lost", QUERY)
-    real = StepRunner.run_step
+    real = StepRunner.step_done
 
-    def step_then_lose_the_lease(self: StepRunner):  # type: ignore[no-untyped-def]
-        outcome = real(self)
+    def lose_the_lease_then_finish(self: StepRunner, *args):  # type: ignore[no-untyped-def]
         redis_client.set(keys.lease(run_id), "someone-else/0", px=60_000)
-        return outcome
+        return real(self, *args)
 
-    monkeypatch.setattr(StepRunner, "run_step", step_then_lose_the_lease)
+    monkeypatch.setattr(StepRunner, "step_done", lose_the_lease_then_finish)
     sent: list[int] = []
     assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "continue"
     assert sent == [1], "the continuation went out through the broker"
     assert len(_claims(run_id)) == 1, "no inline claim without the lease"
     assert redis_client.get(keys.lease(run_id)) == "someone-else/0", "the other holder's lease is untouched"
+
+
+def test_a_lease_lost_after_the_inline_claim_runs_nothing_more_and_the_run_is_rescued(store, redis_client,
+                                                                                     monkeypatch):
+    """Checkpoint B claimed step 1 for this delivery, then the watchdog lost the lease (a renewal refused):
+    step 1 is not run here (no event of it, its attempt closed as lease_lost), the lease is let go with
+    the index entry due now, and the rescue that follows takes the run over from checkpoint B."""
+    run_id = submit_run("u-lost-after", QUERY)
+    real = StepRunner.step_done
+
+    def finish_then_lose_the_lease(self: StepRunner, *args):  # type: ignore[no-untyped-def]
+        outcome = real(self, *args)
+        assert outcome.claimed is not None, "the step claimed the next one inline"
+        self.lease.lost = True  # as the watchdog marks a lease whose renewal was refused
+        return outcome
+
+    monkeypatch.setattr(StepRunner, "step_done", finish_then_lose_the_lease)
+    sent: list[int] = []
+    assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "lease_lost"
+    assert sent == [], "nothing handed over: the reaper rescues the run"
+    run = runs.get_run(run_id)
+    assert (run.step, run.epoch, run.phase) == (1, 2, "done"), "step 1 claimed with checkpoint B, never run"
+    assert not [e for e in events.read(run_id) if e.step == 1], "no event of step 1"
+    assert [(a.step, a.epoch, a.outcome) for a in _attempts(run_id)] == [(0, 1, "step_done"), (1, 2, "lease_lost")]
+    assert not redis_client.exists(keys.lease(run_id)), "let go (the index entry is due now)"
+    monkeypatch.undo()
+    assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "done", "the rescue"
+    claims = _claims(run_id)
+    assert [c.kind for c in claims] == ["claimed", "claimed", "takeover", *["claimed"] * (len(claims) - 3)]
+    assert check_run(run_id).ok, check_run(run_id).failures
 
 
 def test_a_draining_process_hands_every_next_step_over(store, redis_client):
@@ -95,14 +133,13 @@ def test_a_step_past_its_timeout_never_goes_on_inline(store, redis_client, monke
     """The watchdog let the lease go at the step timeout (it is left to run out, unrenewed); a step that
     finishes anyway must not renew it by going on: the next step goes through the broker."""
     run_id = submit_run("u-timeout", QUERY)
-    real = StepRunner.run_step
+    real = StepRunner.step_done
 
-    def step_past_its_timeout(self: StepRunner):  # type: ignore[no-untyped-def]
-        outcome = real(self)
+    def past_its_timeout_then_finish(self: StepRunner, *args):  # type: ignore[no-untyped-def]
         self.lease.timed_out = True  # as the watchdog marks a step that overran step_timeout_s
-        return outcome
+        return real(self, *args)
 
-    monkeypatch.setattr(StepRunner, "run_step", step_past_its_timeout)
+    monkeypatch.setattr(StepRunner, "step_done", past_its_timeout_then_finish)
     sent: list[int] = []
     assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "continue"
     assert sent == [1] and len(_claims(run_id)) == 1
