@@ -101,20 +101,24 @@ class Lease:
             pipe.execute()
         return taken
 
-    def renew(self, client: redis.Redis | None = None) -> bool:
+    def renew(self, client: redis.Redis | None = None, *, llen: str | None = None) -> tuple[bool, int]:
         """Extend the lease for a full ttl if it is still ours (and move our index entry with it): one
-        round trip. False: lost (expired, taken over, or Redis lost it); `lost` is set then."""
+        round trip, which also reads the length of list `llen` when given (a key on the same Redis: a
+        broker queue), else 0. Not renewed: lost (expired, taken over, or Redis lost it); `lost` is set."""
         client = client or get_redis()
         registered = scripts_for(client)
 
         def build(pipe: redis.client.Pipeline) -> None:
             registered.queue(pipe, scripts.renew(self.run_id, token=self.token, ttl_ms=self.ttl_ms))
             pipe.zadd(self.index, {self.member: now_ms() + self.ttl_ms}, gt=True)
+            if llen is not None:
+                pipe.llen(llen)
 
-        if int(registered.execute(client, build)[0]) == 1:
-            return True
-        self.lost = True
-        return False
+        replies = registered.execute(client, build)
+        renewed = int(replies[0]) == 1
+        if not renewed:
+            self.lost = True
+        return renewed, int(replies[2]) if llen is not None else 0
 
     def release(self, handoff_step: int | None = None, client: redis.Redis | None = None,
                 watch_until_ms: int | None = None) -> bool:

@@ -16,7 +16,6 @@ from checkpoints import ledger, runs
 from checkpoints.db import transaction
 from checkpoints.schema import run_attempts
 from fencing import events, keys
-from fencing.connection import get_redis
 from harness.verdict import check_run
 from tasks import delivery, queues, submit_run
 from tasks.delivery import deliver
@@ -201,15 +200,28 @@ def test_a_worker_with_inline_steps_off_or_a_prefork_worker_hands_every_step_ove
     assert len(claims) >= 3 and not any(c.detail.get("inline") for c in claims)
 
 
-def test_a_wake_up_waiting_on_the_continuation_queue_goes_before_further_inline_steps(store, redis_client):
+@pytest.mark.parametrize("broker", ["fenced's Redis", "a Redis of its own"])
+def test_a_wake_up_waiting_on_the_continuation_queue_goes_before_further_inline_steps(store, redis_client, broker,
+                                                                                     settings_env):
     """Other runs' continuations and rescues would wait behind this run's inline steps on a worker whose
     slots are all taken (the in-flight benchmark's takeovers went from ~1 s to 22 s p95): while one
-    waits, the delivery hands its next step over through the broker, behind it."""
-    run_id = submit_run("u-queue", QUERY)
-    get_redis().lpush(keys.broker_queue(queues.CONTINUE), "someone else's wake-up")
+    waits, the delivery hands its next step over through the broker, behind it. The queue's length is
+    read with the renewal (one round trip) when the broker is fenced's Redis, on its own otherwise."""
+    from fenced_core.settings import get_settings
+    from fencing.broker import get_broker_redis, shares_redis
+
+    if broker != "fenced's Redis":
+        url = get_settings().redis_url
+        settings_env(broker_url=url[: url.rindex("/")] + "/3")
+    assert shares_redis() == (broker == "fenced's Redis")
+    queue = get_broker_redis()
+    queue.lpush(keys.broker_queue(queues.CONTINUE), "someone else's wake-up")
     try:
+        waiting = submit_run("u-queue", QUERY)
         sent: list[int] = []
-        assert deliver(run_id, None, lambda _r, s: sent.append(s), inline=8) == "continue"
-        assert sent == [1] and len(_claims(run_id)) == 1
+        assert deliver(waiting, None, lambda _r, s: sent.append(s), inline=8) == "continue"
+        assert sent == [1] and len(_claims(waiting)) == 1
     finally:
-        get_redis().delete(keys.broker_queue(queues.CONTINUE))
+        queue.delete(keys.broker_queue(queues.CONTINUE))
+    free = submit_run("u-queue-2", QUERY)
+    assert deliver(free, None, lambda _r, s: sent.append(s), inline=8) == "done", "nothing waits: inline"
