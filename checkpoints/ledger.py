@@ -60,6 +60,15 @@ def record(run_id: str, epoch: int, actor: str, kind: str, reason: str,
     in_txn(record_txn, run_id, epoch, actor, kind, reason, detail)
 
 
+def record_many(entries: list[tuple[str, int, str, str, str]]) -> None:
+    """Add (run_id, epoch, actor, kind, reason) entries, none with a detail, in one transaction."""
+    if entries:
+        at = int(time.time() * 1000)
+        in_txn(lambda conn: conn.execute(_INSERT, [
+            {"run_id": run_id, "at_ms": at, "epoch": epoch, "actor": actor, "kind": kind, "reason": reason,
+             "detail": None} for run_id, epoch, actor, kind, reason in entries]))
+
+
 def history(run_id: str) -> list[Entry]:
     """A run's ledger, oldest first."""
     with transaction(readonly=True) as conn:

@@ -9,6 +9,7 @@ import redis
 
 from fenced_core.settings import get_settings
 from fencing.connection import client_for, get_redis
+from fencing.lease import Lease
 from fencing.sentinel import BROKER_SCHEME, client_for_target, parse_broker_url
 
 _lock = threading.Lock()
@@ -47,3 +48,15 @@ def waiting(queue: str) -> int:
     from fencing import keys
 
     return int(get_broker_redis().llen(keys.broker_queue(queue)))
+
+
+def renewed_with_none_waiting(lease: Lease, queue: str) -> bool:
+    """Renew `lease` and tell whether no message waits in `queue` on the broker: True only when both hold
+    (a lease not renewed is lost: `lease.lost`). One round trip when the broker is fenced's Redis (the
+    LLEN rides with the renewal, which then happens either way); otherwise the LLEN first, on its own."""
+    from fencing import keys
+
+    if not shares_redis():
+        return not waiting(queue) and lease.renew()[0]
+    renewed, count = lease.renew(llen=keys.broker_queue(queue))
+    return renewed and not count

@@ -17,7 +17,7 @@ from fenced_core.settings import get_settings
 from fencing import keys, scripts
 from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis, process_token
 from fencing.lease import now_ms
-from fencing.reaper import rescue
+from fencing.reaper import rescue, rescue_many
 from fencing.scripts import scripts_for
 
 log = structlog.get_logger("fencing.liveness")
@@ -92,12 +92,15 @@ def _release_and_rescue(token: str, reason: str, send: Send) -> list[str]:
     for run_id in run_ids:
         pipe.get(keys.lease(run_id))
     held = [r for r, value in zip(run_ids, pipe.execute(), strict=True) if value and value.startswith(prefix)]
+    if not held:
+        return []
     registered = scripts_for(client)
-    rescued = []
-    for run_id in held:
-        released = registered(scripts.release_prefix(run_id, prefix=prefix))
-        if released:
-            client.zrem(keys.lease_index(run_id), keys.index_member(run_id, released))
-            if rescue(run_id, get_settings().lease_ttl_ms, reason, send):
-                rescued.append(run_id)
-    return rescued
+    values = registered.execute_all(client, [scripts.release_prefix(run_id, prefix=prefix) for run_id in held])
+    released = [(run_id, value) for run_id, value in zip(held, values, strict=True) if value]
+    if not released:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for run_id, value in released:
+        pipe.zrem(keys.lease_index(run_id), keys.index_member(run_id, value))
+    pipe.execute()
+    return rescue_many([run_id for run_id, _value in released], get_settings().lease_ttl_ms, reason, send)

@@ -7,7 +7,7 @@ per node, in parallel).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -22,25 +22,45 @@ Send = Callable[[str], None]  # send a fresh wake-up for a run (whatever step it
 
 
 def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
-    """Send a wake-up if the run has no lease and nobody rescued it within `grace_ms`. The ledger entry
-    (`rescue`) carries the epoch being rescued, as the Redis mirror knows it (-1 if Redis lost it)."""
+    """Send a wake-up if the run has no lease and nobody rescued it within `grace_ms` (rescue_many of one)."""
+    return bool(rescue_many([run_id], grace_ms, reason, send))
+
+
+def rescue_many(run_ids: Sequence[str], grace_ms: int, reason: str, send: Send) -> list[str]:
+    """Send a wake-up to each run that has no lease and that nobody rescued within `grace_ms`; returns
+    those runs. In a fixed number of round trips however many runs (a process presumed dead may have
+    held hundreds): the rescue markers in one pipeline, the reaper entries in one, the wake-ups, then
+    the ledger entries (`rescue`, with the epoch being rescued as the Redis mirror knows it, -1 if Redis
+    lost it) in one transaction."""
+    if not run_ids:
+        return []
     client = get_redis()
-    if not scripts_for(client)(scripts.rescue(run_id, grace_ms=grace_ms, rescuer=process_token())):
-        return False
-    send(run_id)
-    # Watched like a lease: if no delivery takes the run within the grace (the wake-up was swallowed by
-    # a worker that froze holding it, or lost), the reaper finds this entry and rescues again. The
-    # delivery that takes the lease removes it (Lease.acquire).
+    registered = scripts_for(client)
+    rescuer = process_token()
+    marked = registered.execute_all(client, [scripts.rescue(run_id, grace_ms=grace_ms, rescuer=rescuer)
+                                             for run_id in run_ids])
+    chosen = [run_id for run_id, mark in zip(run_ids, marked, strict=True) if mark]
+    if not chosen:
+        return []
+    # Watched like a lease before the wake-up goes out: if no delivery takes the run within the grace (the
+    # wake-up was swallowed by a worker that froze holding it, lost, or never sent because this process
+    # died first), the reaper finds this entry and rescues again. The delivery that takes the lease
+    # removes it (Lease.acquire).
     pipe = client.pipeline(transaction=False)
-    pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, keys.RESCUE_HOLDER): now_ms() + grace_ms})
-    pipe.get(keys.epoch(run_id))
-    mirror = pipe.execute()[1]
-    log.warning("rescued", run_id=run_id, reason=reason)
+    deadline = now_ms() + grace_ms
+    for run_id in chosen:
+        pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, keys.RESCUE_HOLDER): deadline})
+        pipe.get(keys.epoch(run_id))
+    mirrors = pipe.execute()[1::2]
+    for run_id in chosen:
+        send(run_id)
+        log.warning("rescued", run_id=run_id, reason=reason)
     try:
-        ledger.record(run_id, int(mirror) if mirror is not None else -1, process_token(), "rescue", reason)
-    except Exception as exc:  # the wake-up is out; the record is best effort
-        log.warning("rescue_record_failed", run_id=run_id, error=repr(exc))
-    return True
+        ledger.record_many([(run_id, int(mirror) if mirror is not None else -1, rescuer, "rescue", reason)
+                            for run_id, mirror in zip(chosen, mirrors, strict=True)])
+    except Exception as exc:  # the wake-ups are out; the records are best effort
+        log.warning("rescue_record_failed", runs=len(chosen), error=repr(exc))
+    return chosen
 
 
 def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
@@ -78,16 +98,15 @@ def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:
         for index, entries in _by_shard(live).items():
             pipe.zadd(index, entries, gt=True)
         pipe.execute()
-    for member in expired:
-        if member in live or not registered(scripts.pop_expired(member=member, now_ms=now)):
-            continue  # still live, renewed meanwhile, or another reaper took it
-        if member in stale:
-            continue  # the run has another holder now, watched under its own entry
-        # The marker blocks a second rescue until a delivery takes the lease (acquire clears it) or one
-        # lease lifetime passes, so a dead rescuer is reaped again on time.
-        run_id = keys.index_run_id(member)
-        if rescue(run_id, lease_ttl_ms, "lease expired without a handover", send):
-            rescued.append(run_id)
+    candidates = [member for member in expired if member not in live]
+    popped = registered.execute_all(client, [scripts.pop_expired(member=member, now_ms=now) for member in candidates])
+    # Popped and not stale: the run has no other holder (a stale entry's run is watched under its own
+    # entry); a member not popped was renewed meanwhile, or another reaper took it. The marker blocks a
+    # second rescue until a delivery takes the lease (acquire clears it) or one lease lifetime passes, so
+    # a dead rescuer is reaped again on time.
+    due = [keys.index_run_id(member) for member, took in zip(candidates, popped, strict=True)
+           if took and member not in stale]
+    rescued += rescue_many(list(dict.fromkeys(due)), lease_ttl_ms, "lease expired without a handover", send)
     return rescued
 
 

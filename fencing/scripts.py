@@ -91,6 +91,15 @@ class Scripts:
                     script.sha = client.script_load(script.script)
         raise AssertionError("unreachable")
 
+    def execute_all(self, client: redis.Redis, calls: Sequence[Call]) -> list[Any]:
+        """Run `calls` in ONE round trip (as `execute`); their replies in order."""
+
+        def build(pipe: Pipeline) -> None:
+            for call in calls:
+                self.queue(pipe, call)
+
+        return self.execute(client, build) if calls else []
+
 
 _registered: dict[int, Scripts] = {}
 

@@ -35,10 +35,11 @@ cli() { redis-cli -h "$HOST" -p "$1" "${@:2}" 2>/dev/null; }
 up() { [ "$(cli "$1" ping)" = "PONG" ]; }
 role() { cli "$1" info replication | tr -d '\r' | sed -n 's/^role://p'; }
 
-sentinel_bin() {
-  # Debian's redis-sentinel package (scripts/services.sh installs it); redis-server --sentinel is the
-  # same binary in sentinel mode, for a machine without the package.
-  if command -v redis-sentinel >/dev/null; then echo redis-sentinel; else echo "redis-server --sentinel"; fi
+run_sentinel() {  # config file
+  # Debian's redis-sentinel package (scripts/services.sh installs it); `redis-server <config> --sentinel`
+  # is the same binary in sentinel mode, for a machine without the package (the config file must come
+  # first: after --sentinel it would be read as a "sentinel <path>" directive).
+  if command -v redis-sentinel >/dev/null; then redis-sentinel "$1"; else redis-server "$1" --sentinel; fi
 }
 
 current_master_port() {
@@ -84,7 +85,7 @@ sentinel parallel-syncs $MASTER 1
 EOF
   echo "starting sentinel :$port (monitoring $MASTER at :$master)"
   # shellcheck disable=SC2046
-  $(sentinel_bin) "$conf"
+  run_sentinel "$conf"
   for _ in $(seq 1 50); do up "$port" && return; sleep 0.1; done
   echo "sentinel :$port did not start; see $DIR/sentinel-$port.log" >&2
   exit 1

@@ -10,7 +10,7 @@ import structlog
 from checkpoints import ledger, runs
 from fenced_core.errors import FencedOut, LeaseLost, StoreUnavailable
 from fenced_core.settings import INLINE_WINDOW_S, get_settings
-from fencing import broker, keys
+from fencing import broker
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms, rescue_answered
 from fencing.watchdog import get_watchdog
@@ -124,10 +124,7 @@ def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
         # Wake-ups waiting on the continuation queue (other runs' next steps, rescues, replies) would wait
         # behind this run's further steps on a worker whose slots are all taken: they go first, as the
         # queue order says, and this run's next step queues up behind them.
-        if not broker.shares_redis():
-            return not broker.waiting(queues.CONTINUE) and lease.renew()[0]
-        renewed, waiting = lease.renew(llen=keys.broker_queue(queues.CONTINUE))  # one round trip for both
-        return renewed and not waiting
+        return broker.renewed_with_none_waiting(lease, queues.CONTINUE)
     except Exception as exc:  # Redis or the broker down: hand over the ordinary way (that may fail the same)
         log.warning("inline_check_failed", run_id=lease.run_id, error=repr(exc))
         return False

@@ -40,6 +40,10 @@ def test_longrun_and_inflight_sections_measure_what_they_say(tmp_path):
     assert w["peak_steps_per_s"] > 0, w
     assert w["ideal_steps_per_s"] == p["runs"] / (p["model_ms"] / 1000)
     assert 0 < w["gap_ms"]["n"] <= w["steps"] and w["gap_ms"]["p50"] >= 0, w
+    # Every step end in the window was matched with the next step's first event, and with its claim.
+    assert w["steps_without_event"] == 0, w
+    split = w["claim_gap_ms"]
+    assert split["inline"]["n"] + split["handed_over"]["n"] == w["gap_ms"]["n"], w
     assert f["memory"]["per_run_kb"] > 0 and f["memory"]["peak_db_connections"] > 0, f["memory"]
     t = f["takeover"]
     assert t["held_mid_step"] > 0 and t["claimed_again"] == t["held_mid_step"] and not t["not_claimed"], t
@@ -72,6 +76,18 @@ def test_the_steps_target_is_judged_against_every_run_submitted():
 
     assert peak_rate([0, 100, 9_999, 10_000, 30_000], span_ms=10_000) == 0.3, "3 commits within one 10 s span"
     assert kept["met"] is True and kept["measured"] == "450.0 of 500 ideal = 0.9", kept
+
+
+def test_a_gap_of_zero_meets_the_gap_target_and_none_does_not():
+    """A p95 of 0.0 ms read as 'not measured' once (`p95 or 1e9`)."""
+    from bench.inflight import targets
+
+    def gap_row(p95: float | None) -> dict:
+        return targets({"params": {"runs": 10, "model_ms": 2000},
+                        "window": {"steps_per_s": 4.0, "runs_in_flight": 10, "gap_ms": {"p95": p95, "p50": p95}}})[1]
+
+    assert gap_row(0.0)["met"] is True and gap_row(50.0)["met"] is True
+    assert gap_row(50.1)["met"] is False and gap_row(None)["met"] is False
 
 
 def test_a_zero_model_time_is_refused_with_the_option_named(capsys):

@@ -134,6 +134,52 @@ def test_a_rescue_no_delivery_answers_is_sent_again(redis_client):
     assert answered.count("ra") == 1, "the answered rescue is not sent again"
 
 
+def test_a_process_presumed_dead_with_300_leases_is_rescued_in_a_fixed_number_of_round_trips(
+        mysql_store, redis_client, settings_env):
+    """Issue 17: under the 1,000-run load one killed worker held ~500 runs, rescued one by one (six round
+    trips and a commit each: 1.7 s before the last wake-up went out). Now: every lease released, every run
+    watched before its wake-up is sent, each rescue in the ledger, in round trips that do not grow with the
+    runs; and a run another holder has meanwhile is left alone."""
+    from bench.breakdown import round_trips
+    from fencing.connection import process_token
+
+    settings_env(fast_takeover=1, lease_ttl_ms=30_000)
+    dead = f"{process_token()}-dead"
+    ids = [f"held-{i:03d}" for i in range(300)]
+    from fencing.connection import get_redis
+
+    pipe = get_redis().pipeline(transaction=False)
+    for run_id in ids:
+        pipe.set(keys.lease(run_id), f"{dead}/{run_id}", px=30_000)
+        pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, f"{dead}/{run_id}"): 2**40})
+    pipe.sadd(keys.held_by(dead), *ids, "taken-over")
+    pipe.set(keys.lease("taken-over"), "someone-alive/1", px=30_000)
+    pipe.execute()
+    watched_when_sent: list[bool] = []
+    counted: dict[str, int] = {}
+
+    def send(run_id: str) -> None:
+        members = _index_members(redis_client, run_id)
+        counted["redis"] -= 1  # this check's own round trip
+        watched_when_sent.append(members == [f"rescue|{run_id}"])
+
+    with round_trips() as trips:
+        counted = trips
+        rescued = liveness.presume_dead(dead, send)
+    assert rescued == ids and watched_when_sent == [True] * 300, "each run watched (only) before its wake-up"
+    assert trips["redis"] <= 8 and trips["sql"] <= 3, trips
+    assert not any(redis_client.exists(keys.lease(r)) for r in ids)
+    assert redis_client.get(keys.lease("taken-over")) == "someone-alive/1"
+    with transaction(readonly=True) as conn:
+        import sqlalchemy as sa
+
+        from checkpoints.schema import run_ledger
+
+        rows = conn.execute(sa.select(run_ledger.c.run_id, run_ledger.c.kind, run_ledger.c.reason)
+                            .where(run_ledger.c.kind == "rescue")).all()
+    assert sorted(r.run_id for r in rows) == ids and all("presumed dead" in r.reason for r in rows)
+
+
 # -- 6. park lets go of the lease before `waiting` commits ------------------------------------------
 class _AskModel:
     def decide(self, ctx: Any) -> Any:
