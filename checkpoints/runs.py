@@ -185,8 +185,7 @@ class Claim:
     takeover: bool
     previous_owner: str | None
     deliveries: int
-    # the row's total_deliveries once claimed (what the next claim counts on from), when known
-    total_deliveries: int = 0
+    total_deliveries: int  # the row's total_deliveries once claimed (what an inline claim counts on from)
     notes: dict[str, Any] = field(default_factory=dict)
 
 
