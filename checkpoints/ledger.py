@@ -42,10 +42,13 @@ def encode_detail(detail: dict[str, Any] | None) -> str | None:
 def record_txn(conn: Connection, run_id: str, epoch: int, actor: str, kind: str, reason: str,
                detail: dict[str, Any] | None = None) -> None:
     """Add one entry inside the caller's transaction (so it commits with the decision it explains)."""
-    conn.execute(_INSERT, {
-        "run_id": run_id, "at_ms": int(time.time() * 1000), "epoch": epoch, "actor": actor, "kind": kind,
-        "reason": reason, "detail": encode_detail(detail),
-    })
+    conn.execute(_INSERT, _row(run_id, epoch, actor, kind, reason, detail))
+
+
+def _row(run_id: str, epoch: int, actor: str, kind: str, reason: str,
+         detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"run_id": run_id, "at_ms": int(time.time() * 1000), "epoch": epoch, "actor": actor, "kind": kind,
+            "reason": reason, "detail": encode_detail(detail)}
 
 
 def raw_params(run_id: str, epoch: int, actor: str, kind: str, reason: str,
@@ -63,10 +66,7 @@ def record(run_id: str, epoch: int, actor: str, kind: str, reason: str,
 def record_many(entries: list[tuple[str, int, str, str, str]]) -> None:
     """Add (run_id, epoch, actor, kind, reason) entries, none with a detail, in one transaction."""
     if entries:
-        at = int(time.time() * 1000)
-        in_txn(lambda conn: conn.execute(_INSERT, [
-            {"run_id": run_id, "at_ms": at, "epoch": epoch, "actor": actor, "kind": kind, "reason": reason,
-             "detail": None} for run_id, epoch, actor, kind, reason in entries]))
+        in_txn(lambda conn: conn.execute(_INSERT, [_row(*entry) for entry in entries]))
 
 
 def history(run_id: str) -> list[Entry]:
