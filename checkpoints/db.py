@@ -76,8 +76,10 @@ def _make_engine(url: str) -> Engine:
         # A connection opened past the pool's size is closed when it is returned. Too small a pool
         # under a worker's threads meant a new connection (a TCP and MySQL handshake, and PyMySQL's
         # TLS context, ~5 ms of CPU) for much of its transactions: the in-flight benchmark found a
-        # quarter of a loaded worker's CPU there with 5 + 10. Transactions last about a millisecond,
-        # so 20 kept connections serve hundreds of threads; beyond pool + overflow, threads wait.
+        # quarter of a loaded worker's CPU there with 5 + 10, and 44 % of a gevent worker's with 20 + 10
+        # (2026-12-01): overflow feeds itself (connecting costs CPU, so transactions run longer, so more
+        # of them overlap). Transactions last about a millisecond, so 20 kept connections serve hundreds
+        # of threads; with no overflow (the default) a thread that finds all in use waits for one.
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         connect_args={"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30},
