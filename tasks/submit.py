@@ -322,11 +322,14 @@ def _wake(woken: list[runs.NewRun]) -> None:
     except Exception as exc:  # the stream is best effort; the row is the truth
         log.warning("queued_events_failed", run_ids=[n.run_id for n in woken], epoch=0, error=repr(exc))
     try:
-        for n in woken:
-            try:
-                wakeup.send(n.run_id, None, "submit", kind=n.kind)
-            except Exception as exc:  # committed is committed: the sweeper sends the wake-up
-                log.error("wakeup_send_failed", run_id=n.run_id, epoch=0, error=repr(exc))
+        with wakeup.batch():  # one broker round trip for the batch's wake-ups
+            for n in woken:
+                try:
+                    wakeup.send(n.run_id, None, "submit", kind=n.kind)
+                except Exception as exc:  # committed is committed: the sweeper sends the wake-up
+                    log.error("wakeup_send_failed", run_id=n.run_id, epoch=0, error=repr(exc))
+    except Exception as exc:  # the batch's flush failed: delivery uncertain, the sweeper repeats what was lost
+        log.error("wakeup_send_failed", run_ids=[n.run_id for n in woken], epoch=0, error=repr(exc))
     finally:
         admission.mark_sent_many([n.run_id for n in woken])
     log.info("submitted_many", run_ids=[n.run_id for n in woken], epoch=0)

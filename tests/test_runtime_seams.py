@@ -21,6 +21,7 @@ from fencing import dead_letters, events, keys, reaper, scripts
 from fencing.connection import RedisUnavailable, client_for
 from fencing.lease import Lease, now_ms
 from tasks import endings, hooks, queues, submit_run, wakeup
+from tasks.celery_app import RUN_TASK
 from tasks.delivery import deliver
 from tasks.step import StepRunner
 
@@ -185,6 +186,54 @@ def test_the_one_sender_picks_the_queue_by_reason(mysql_store, redis_client):
     assert sorted(b["headers"]["argsrepr"] for b in bodies) == ["('r-lost', None)", "('r-next', 3)"]
     with pytest.raises(ValueError, match="unknown wake-up reason"):
         wakeup.send("r", 0, "whim")  # type: ignore[arg-type]
+
+
+def test_a_batch_sends_its_wake_ups_together_when_it_ends(mysql_store, redis_client):
+    """wakeup.batch: nothing reaches the queue inside the block; every wake-up does when it ends (one
+    broker round trip), each as the same message the one-by-one send builds."""
+    queue = keys.broker_queue(queues.CONTINUE)
+    with wakeup.batch():
+        for i in range(300):
+            wakeup.rescue(f"r-{i}")
+        with wakeup.batch():  # nested: joins the outer block
+            wakeup.send("r-next", 3, "continuation")
+        assert redis_client.llen(queue) == 0, "a batched wake-up went out before its block ended"
+    bodies = [json.loads(m) for m in redis_client.lrange(queue, 0, -1)]
+    assert sorted(b["headers"]["argsrepr"] for b in bodies) == sorted(
+        [f"('r-{i}', None)" for i in range(300)] + ["('r-next', 3)"])
+    assert all(b["headers"]["task"] == RUN_TASK for b in bodies)
+
+
+def test_a_batch_left_by_an_exception_sends_nothing_of_it(mysql_store, redis_client):
+    with pytest.raises(RuntimeError), wakeup.batch():
+        wakeup.rescue("r-buffered")
+        raise RuntimeError("the tick failed before its end")
+    assert redis_client.llen(keys.broker_queue(queues.CONTINUE)) == 0
+    wakeup.rescue("r-after")  # the thread's next send is not caught in the dead batch
+    assert redis_client.llen(keys.broker_queue(queues.CONTINUE)) == 1
+
+
+def test_a_liveness_tick_sends_its_rescues_in_one_batch(mysql_store, redis_client):
+    """The bootstep's tick wrapper: a tick's wake-ups go out when it ends, and a failed tick is logged."""
+    from tasks.bootsteps import _guarded
+
+    queue = keys.broker_queue(queues.CONTINUE)
+    seen: list[int] = []
+
+    def tick() -> None:
+        for i in range(5):
+            wakeup.rescue(f"t-{i}")
+        seen.append(redis_client.llen(queue))
+
+    _guarded("reaper", tick)()
+    assert seen == [0] and redis_client.llen(queue) == 5
+
+    def failing() -> None:
+        wakeup.rescue("t-lost")
+        raise RuntimeError("boom")
+
+    _guarded("reaper", failing)()  # logged, not raised
+    assert redis_client.llen(queue) == 5
 
 
 # -- Redis keys only inside fencing/, one typed wrapper per script ------------------------------------------
