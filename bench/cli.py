@@ -39,7 +39,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--inflight-runs", type=int, help="inflight: runs kept in flight (default 1000, smoke 40)")
     p.add_argument("--inflight-concurrency", type=int, help="inflight: worker concurrency (default 500, smoke 20)")
-    p.add_argument("--inflight-pool", default="threads", help="inflight: the workers' pool (threads, gevent)")
+    p.add_argument("--inflight-pool", default="gevent", help="inflight: the workers' pool (gevent, threads)")
     p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (it needs PostgreSQL and `dbos`)")
     p.add_argument("--results", type=Path, help="where the JSON goes (default bench/results)")
     p.add_argument("--docs", type=Path, help="where benchmarks.md and .png go (default docs; smoke: --results)")

@@ -1,6 +1,6 @@
 """In-flight capacity (issue 17): how many slow-model runs two worker processes keep moving at once.
 
-`python -m bench.inflight [--runs 1000] [--pool threads] [--concurrency 500] [--model-ms 2000] ...`, or the
+`python -m bench.inflight [--runs 1000] [--pool gevent] [--concurrency 500] [--model-ms 2000] ...`, or the
 `inflight` section of `python -m bench`. Real `celery worker` processes (the pool and concurrency given)
 run `--runs` runs of the `bench_steps` agent (bench/steps_agent.py): `--steps` steps each, every step one
 model call that sleeps `--model-ms` (a stub: the provider is the outside world) and one read-only tool.
@@ -54,7 +54,7 @@ class Params:
     runs: int = 1000
     workers: int = 2
     concurrency: int = 500
-    pool: str = "threads"
+    pool: str = "gevent"  # the pool the README recommends for hundreds of runs per process
     model_ms: int = 2000
     steps: int = 20
     window_s: float = 16.0
@@ -364,8 +364,16 @@ def _first_event_ms(run_ids: list[str]) -> dict[tuple[str, int, int], int]:
 
 
 def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
-    """SIGKILL `victim`, restart it at once; kill -> next claim of every run it held mid-step."""
+    """SIGKILL `victim`, restart it at once; kill -> next claim of every run it held mid-step.
+
+    The kill waits (up to two model calls) for a moment the victim holds at least half its share of the
+    runs mid-step: runs started together move in step, and all hand over at once after their inline
+    budget, so a kill at an arbitrary moment may find a handful held (4 of ~500 once) and time nothing."""
     pid = victim.pid
+    share = p.runs / p.workers / 2
+    give_up = time.monotonic() + 2 * p.model_ms / 1000
+    while time.monotonic() < give_up and _held_now(in_list, pid) < share:
+        time.sleep(0.05)
     kill_ms = int(time.time() * 1000)
     victim.kill(signal.SIGKILL)
     victim.start(wait_ready=False)
@@ -400,6 +408,12 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
     return {"victim_pid": pid, "held_mid_step": len(held_ids), "claimed_again": len(latencies),
             "not_claimed": missing[:5], "takeovers_from_victim": from_victim, "latency_ms": summary(latencies),
             "restarted": restarted}
+
+
+def _held_now(in_list: str, pid: int) -> int:
+    """Runs `pid` holds mid-step now (an attempt of its token with no end)."""
+    return int(_query(f"SELECT COUNT(*) FROM run_attempts WHERE run_id IN ({in_list}) AND ended_at_ms IS NULL "
+                      "AND worker LIKE :w", w=f"%:{pid}:%")[0][0])
 
 
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -441,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=500)
-    ap.add_argument("--pool", default="threads", choices=("threads", "gevent", "eventlet", "prefork"))
+    ap.add_argument("--pool", default="gevent", choices=("threads", "gevent", "eventlet", "prefork"))
     ap.add_argument("--model-ms", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window-s", type=float, default=16.0)

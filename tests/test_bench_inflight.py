@@ -34,7 +34,7 @@ def test_longrun_and_inflight_sections_measure_what_they_say(tmp_path):
 
     f = r["inflight"]
     p, w = f["params"], f["window"]
-    assert (p["runs"], p["concurrency"], p["pool"]) == (40, 20, "threads")
+    assert (p["runs"], p["concurrency"], p["pool"]) == (40, 20, "gevent")
     assert w["runs_in_flight"] == p["runs"], "the window must start after every run started and end before one ended"
     assert w["steps"] > 0 and abs(w["steps_per_s"] * w["seconds"] - w["steps"]) <= 1, w
     assert w["peak_steps_per_s"] > 0, w
