@@ -31,7 +31,9 @@ def rescue_many(run_ids: Sequence[str], grace_ms: int, reason: str, send: Send) 
     those runs. In a fixed number of round trips however many runs (a process presumed dead may have
     held hundreds): the rescue markers in one pipeline, the reaper entries in one, the wake-ups, then
     the ledger entries (`rescue`, with the epoch being rescued as the Redis mirror knows it, -1 if Redis
-    lost it) in one transaction."""
+    lost it) in one transaction. The worker's liveness ticks run inside `tasks.wakeup.batch`, so there
+    `send` only buffers and every wake-up goes out in one broker round trip when the tick ends (after
+    the ledger entries)."""
     if not run_ids:
         return []
     client = get_redis()
