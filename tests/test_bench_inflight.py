@@ -118,3 +118,14 @@ def test_cpu_split_measures_both_passes_on_real_workers(mysql_store, tmp_path):
         assert p["runs"] == 20 and p["steps_per_s"] > 0, p
         assert all(p["cpu_ms_per_step"][k] > 0 for k in ("workers", "mariadb", "redis", "client")), p
     assert on["inline_deliveries"] >= 20 and off["inline_deliveries"] == 0, (on, off)
+
+
+def test_the_rescue_batch_benchmark_rescues_every_run_both_ways(mysql_store):
+    """bench.rescue_batch: each measured rescue released and woke every run it says (the wake-ups are on
+    the queue, as many as the runs), once one by one and once in a batch, alternating."""
+    from bench.rescue_batch import measure
+
+    rows = measure(runs=25, rounds=2)
+    assert [r["batched"] for r in rows] == [False, True, False, True]
+    assert all(r["runs"] == r["rescued"] == r["queued"] == 25 for r in rows), rows
+    assert all(r["wall_ms"] > 0 and r["cpu_ms"] >= 0 for r in rows), rows
