@@ -163,14 +163,16 @@ def _p95_bound(result: ScenarioResult, kind: str, taken: list[tuple[float, str]]
 def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode | None, float, list[str]]:
     """Wait for `moment` on a run of the busiest worker, SIGKILL its process group; (node, kill ms, held runs)."""
     victim: WorkerNode | None = None
-    if moment in ("between_checkpoints", "after_terminal_write"):
-        faults.arm("after_tools" if moment == "between_checkpoints" else "after_terminal_write")
+    if moment in ("tools", "between_checkpoints", "after_terminal_write"):
+        # A fault point holds the moment until the kill: a tool that returns at once (a user's lookup)
+        # left a polled "newest event is tool_started" to luck, and a round could miss three times.
+        faults.arm({"tools": "in_tool", "between_checkpoints": "after_tools"}.get(moment, "after_terminal_write"))
         hit = faults.next_hit(60)
         clear_faults()
         if hit:
             victim = cluster.node_of(hit[2])
     else:
-        wanted = "step_started" if moment == "model_call" else "tool_started"
+        wanted = "step_started"  # the model call: the stub's and a user's model take a while
 
         def busiest_at_moment() -> WorkerNode | None:
             live = [r for r in rows(ids) if r.state == "running" and r.owner]

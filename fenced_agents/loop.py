@@ -146,6 +146,7 @@ class AgentLoop:
         for call in decision.tool_calls:
             runner.boundary()
             runner.emit(f"tool:{call.id}:start", "tool_started", {"id": call.id, "name": call.name, "args": call.args})
+            faults.point("in_tool", runner.run_id)
             tool = self.tools.get(call.name)
             if tool is None:
                 raise TerminalError(f"the model asked for an unknown tool {call.name!r}")

@@ -125,6 +125,7 @@ class WrappedStep:
         entry = {"id": call_id, "name": name, "args": args}
         self.calls.append(entry)
         runner.emit(f"tool:s{step}:{call_id}:start", "tool_started", entry)
+        faults.point("in_tool", runner.run_id)
         return context.RunContext(runner.c, step, f"s{step}:{call_id}")
 
     def tool_done(self, call_id: str, name: str, result: Any) -> None:
