@@ -60,3 +60,18 @@ def renewed_with_none_waiting(lease: Lease, queue: str) -> bool:
         return not waiting(queue) and lease.renew()[0]
     renewed, count = lease.renew(llen=keys.broker_queue(queue))
     return renewed and not count
+
+
+def renewed_and_going_on(lease: Lease, queue: str, slot_free: bool) -> bool:
+    """Renew `lease` and tell whether the delivery may run its run's next step itself: True when renewed
+    and either no message waits in `queue`, or this process has a slot free (`slot_free`: its worker takes
+    waiting wake-ups itself) and no rescue is under way (keys.RESCUES_UNDER_WAY: a rescued run's wake-up
+    waits behind everyone's inline steps on a loaded worker, so while rescues go out every delivery
+    yields to what waits, as with no slot free). One round trip, two while a rescue is under way."""
+    from fencing import keys
+
+    if slot_free:
+        renewed, rescuing = lease.renew(exists=keys.RESCUES_UNDER_WAY)
+        if not renewed or not rescuing:
+            return renewed
+    return renewed_with_none_waiting(lease, queue)

@@ -101,10 +101,13 @@ class Lease:
             pipe.execute()
         return taken
 
-    def renew(self, client: redis.Redis | None = None, *, llen: str | None = None) -> tuple[bool, int]:
+    def renew(self, client: redis.Redis | None = None, *, llen: str | None = None,
+              exists: str | None = None) -> tuple[bool, int]:
         """Extend the lease for a full ttl if it is still ours (and move our index entry with it): one
         round trip, which also reads the length of list `llen` when given (a key on the same Redis: a
-        broker queue), else 0. Not renewed: lost (expired, taken over, or Redis lost it); `lost` is set."""
+        broker queue), or whether key `exists` exists (1/0), else 0. Not renewed: lost (expired, taken
+        over, or Redis lost it); `lost` is set."""
+        assert llen is None or exists is None, "one read rides with a renewal"
         client = client or get_redis()
         registered = scripts_for(client)
 
@@ -113,12 +116,14 @@ class Lease:
             pipe.zadd(self.index, {self.member: now_ms() + self.ttl_ms}, gt=True)
             if llen is not None:
                 pipe.llen(llen)
+            elif exists is not None:
+                pipe.exists(exists)
 
         replies = registered.execute(client, build)
         renewed = int(replies[0]) == 1
         if not renewed:
             self.lost = True
-        return renewed, int(replies[2]) if llen is not None else 0
+        return renewed, int(replies[2]) if llen is not None or exists is not None else 0
 
     def release(self, handoff_step: int | None = None, client: redis.Redis | None = None,
                 watch_until_ms: int | None = None) -> bool:

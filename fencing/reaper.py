@@ -19,6 +19,8 @@ from fencing.scripts import scripts_for
 
 log = structlog.get_logger("fencing.reaper")
 Send = Callable[[str], None]  # send a fresh wake-up for a run (whatever step it is at)
+RESCUE_YIELD_MS = 5000  # after a batch of rescues, inline steps yield to waiting wake-ups even with a slot free
+RESCUE_YIELD_MIN_RUNS = 10  # ... a batch being at least this many runs
 
 
 def rescue(run_id: str, grace_ms: int, reason: str, send: Send) -> bool:
@@ -50,10 +52,14 @@ def rescue_many(run_ids: Sequence[str], grace_ms: int, reason: str, send: Send) 
     # removes it (Lease.acquire).
     pipe = client.pipeline(transaction=False)
     deadline = now_ms() + grace_ms
+    if len(chosen) >= RESCUE_YIELD_MIN_RUNS:
+        # A batch (a dead process's runs): for a while inline steps yield to what waits on the continuation
+        # queue even with a slot free (tasks.delivery._goes_on); a few runs find free slots like any wake-up.
+        pipe.set(keys.RESCUES_UNDER_WAY, rescuer, px=RESCUE_YIELD_MS)
     for run_id in chosen:
         pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, keys.RESCUE_HOLDER): deadline})
         pipe.get(keys.epoch(run_id))
-    mirrors = pipe.execute()[1::2]
+    mirrors = pipe.execute()[-2 * len(chosen) + 1::2]
     for run_id in chosen:
         send(run_id)
         log.warning("rescued", run_id=run_id, reason=reason)

@@ -80,3 +80,22 @@ def _promote() -> object:
     if run_id:
         wakeup.promoted(run_id, queues.LARGE, queues.NORMAL)
     return run_id
+
+
+class SlotsStep(bootsteps.StartStopStep):
+    """Tells tasks.delivery how many deliveries this worker runs at once (its pool's size), so a delivery
+    that could run its run's next step inline knows whether the worker has a slot free for wake-ups that
+    wait (tasks.delivery._goes_on). Prefork children never run steps inline."""
+
+    requires = {"celery.worker.components:Pool"}
+
+    def start(self, worker: Any) -> None:
+        from tasks.delivery import set_slots
+
+        concurrency = worker.concurrency
+        set_slots(concurrency if isinstance(concurrency, int) else None)
+
+    def stop(self, worker: Any) -> None:
+        from tasks.delivery import set_slots
+
+        set_slots(None)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import structlog
 
@@ -31,6 +33,11 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
     A store outage (StoreUnavailable) mid-delivery ends it "store_unavailable": the lease is let go with
     our index entry due now, so the reaper rescues the run on its next tick; a crash anywhere is taken
     over from the last checkpoint."""
+    with _in_a_slot():
+        return _deliver(run_id, step, send_next, inline)
+
+
+def _deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None], inline: int) -> str:
     s = get_settings()
     lease = Lease(run_id, s.lease_ttl_ms)
     if step is None:
@@ -94,14 +101,39 @@ def deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None]
 class _Inlining:
     """Whether this process may run steps inline at all: not once its worker drains (a warm shutdown
     waits for deliveries in flight; each should end at its step, not at its run's), not in a prefork
-    child (which never hears of the drain); tasks.app switches it off for both."""
+    child (which never hears of the drain); tasks.app switches it off for both. And how many deliveries
+    the process runs at once (`slots`: its pool's size, None when unknown) against how many it runs now."""
 
     allowed = True
+    slots: int | None = None
+    busy = 0
+    lock = threading.Lock()
 
 
 def stop_inlining() -> None:
     """From now on every delivery of this process hands its next step over through the broker."""
     _Inlining.allowed = False
+
+
+def set_slots(slots: int | None) -> None:
+    """The number of deliveries this process runs at once (its worker's pool size; tasks.bootsteps)."""
+    _Inlining.slots = slots if slots and slots > 0 else None
+
+
+@contextmanager
+def _in_a_slot() -> Iterator[None]:
+    with _Inlining.lock:
+        _Inlining.busy += 1
+    try:
+        yield
+    finally:
+        with _Inlining.lock:
+            _Inlining.busy -= 1
+
+
+def _a_slot_is_free() -> bool:
+    """Whether this process has a free slot, i.e. its worker is taking wake-ups off the queue itself."""
+    return _Inlining.slots is not None and _Inlining.busy < _Inlining.slots
 
 
 def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
@@ -115,16 +147,19 @@ def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
     other writer raises the epoch). A lease lost meanwhile (expired, taken over) goes the ordinary way:
     checkpoint B alone, release (refused) and a continuation, which the holder's delivery drops. Not
     under `reach` routing, which decides where each step runs, and not while wake-ups wait on the
-    continuation queue. docs/design.md, "Round trips removed", has the whole argument."""
+    continuation queue and every slot of this process is taken (with a slot free the worker takes them
+    itself). docs/design.md, "Round trips removed", has the whole argument."""
     if ran >= inline or not _Inlining.allowed or lease.timed_out:
         return False
     if time.monotonic() - began >= INLINE_WINDOW_S or policy.reach():
         return False
     try:
-        # Wake-ups waiting on the continuation queue (other runs' next steps, rescues, replies) would wait
-        # behind this run's further steps on a worker whose slots are all taken: they go first, as the
-        # queue order says, and this run's next step queues up behind them.
-        return broker.renewed_with_none_waiting(lease, queues.CONTINUE)
+        # Every slot taken: wake-ups waiting on the continuation queue (other runs' next steps, rescues,
+        # replies) would wait behind this run's further steps. They go first, as the queue order says,
+        # and this run's next step queues up behind them. With a slot free they wait on the broker's
+        # hand-out, not on a slot of ours: handing over would only add one more to them (and under load
+        # every finishing step would, for good), unless rescues are under way.
+        return broker.renewed_and_going_on(lease, queues.CONTINUE, _a_slot_is_free())
     except Exception as exc:  # Redis or the broker down: hand over the ordinary way (that may fail the same)
         log.warning("inline_check_failed", run_id=lease.run_id, error=repr(exc))
         return False

@@ -24,7 +24,7 @@ def install(app: Celery) -> Celery:
     import celeryconfig
     from fenced_core.settings import get_settings
     from tasks.app import RunEnded, RunRequest, run_agent
-    from tasks.bootsteps import LivenessStep
+    from tasks.bootsteps import LivenessStep, SlotsStep
     from tasks.metrics import MetricsStep
     from tasks.routing_worker import RoutingStep
 
@@ -43,6 +43,8 @@ def install(app: Celery) -> Celery:
                  throws=(RunEnded,))(run_agent.run.__func__)
     if LivenessStep not in app.steps["worker"]:
         app.steps["worker"].add(LivenessStep)
+    if SlotsStep not in app.steps["worker"]:
+        app.steps["worker"].add(SlotsStep)
     if MetricsStep not in app.steps["worker"]:
         app.steps["worker"].add(MetricsStep)
     if RoutingStep not in app.steps["worker"]:
