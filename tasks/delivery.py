@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import structlog
+from celery.worker import state as worker_state
 
 from checkpoints import ledger, runs
 from fenced_core.errors import FencedOut, LeaseLost, StoreUnavailable
@@ -132,8 +133,12 @@ def _in_a_slot() -> Iterator[None]:
 
 
 def _a_slot_is_free() -> bool:
-    """Whether this process has a free slot, i.e. its worker is taking wake-ups off the queue itself."""
-    return _Inlining.slots is not None and _Inlining.busy < _Inlining.slots
+    """Whether this process has a free slot, i.e. its worker is taking wake-ups off the queue itself.
+    Busy slots: its deliveries, or every task its worker runs (Celery's own count: a user's FencedTasks
+    take slots too), whichever is more."""
+    if _Inlining.slots is None:
+        return False
+    return max(_Inlining.busy, len(worker_state.active_requests)) < _Inlining.slots
 
 
 def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:

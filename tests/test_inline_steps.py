@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from celery.worker import state as worker_state
 
 import examples.shopping  # noqa: F401 - registers the demo agent the deliveries run
 from checkpoints import ledger, runs
@@ -228,6 +229,10 @@ def test_a_wake_up_waiting_on_the_continuation_queue_goes_before_further_inline_
     assert deliver(free, None, lambda _r, s: sent.append(s), inline=8) == "done", "nothing waits: inline"
 
 
+class _OtherTask:
+    """A request of another task the worker runs, as Celery's worker state counts it."""
+
+
 def test_with_a_slot_free_a_waiting_wake_up_does_not_stop_inline_steps_unless_rescues_are_under_way(
         store, redis_client):
     """A wake-up waiting while this process has a free slot waits on the broker's hand-out, not on us:
@@ -251,11 +256,21 @@ def test_with_a_slot_free_a_waiting_wake_up_does_not_stop_inline_steps_unless_re
         assert deliver(full, None, lambda _r, s: sent.append(s), inline=8) == "continue"
         assert sent == [1] and len(_claims(full)) == 1, "every slot taken: the waiting wake-up goes first"
 
+        delivery.set_slots(2)  # both taken by other tasks of the worker (a user's FencedTasks) as Celery counts
+        others = [_OtherTask(), _OtherTask()]  # Celery keeps its requests in a WeakSet
+        worker_state.active_requests.update(others)
+        try:
+            taken = submit_run("u-slot-others", QUERY)
+            assert deliver(taken, None, lambda _r, s: sent.append(s), inline=8) == "continue"
+            assert sent == [1, 1], "every slot taken, though not all by runs: the waiting wake-up goes first"
+        finally:
+            worker_state.active_requests.difference_update(others)
+
         delivery.set_slots(2)
         redis_client.set(keys.RESCUES_UNDER_WAY, "someone", px=5000)
         rescuing = submit_run("u-slot-rescue", QUERY)
         assert deliver(rescuing, None, lambda _r, s: sent.append(s), inline=8) == "continue"
-        assert sent == [1, 1] and len(_claims(rescuing)) == 1, "a rescue under way: yield as if full"
+        assert sent == [1, 1, 1] and len(_claims(rescuing)) == 1, "a rescue under way: yield as if full"
     finally:
         queue.delete(keys.broker_queue(queues.CONTINUE))
 
