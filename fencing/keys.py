@@ -36,7 +36,7 @@ PROCESSES = f"{PREFIX}:processes"  # ZSET process token -> last seen ms (process
 LIVENESS_SUSPECTS = f"{PREFIX}:liveness-suspects"  # HASH token -> consecutive checks without a connection
 PRESUMED_DEAD = f"{PREFIX}:presumed-dead"  # ZSET token -> when presumed dead (a live one = false positive)
 LIVENESS_LOCK = f"{PREFIX}:liveness-lock"  # one connection check per tick across workers
-RESCUES_UNDER_WAY = f"{PREFIX}:rescues-under-way"  # set (with a TTL) by every rescue: inline steps yield to them
+RESCUES_UNDER_WAY = f"{PREFIX}:rescues-under-way"  # set (5 s TTL) by a batch of rescues: inline steps yield to them
 FALSE_POSITIVES = f"{PREFIX}:fast-takeover:false-positives"  # counter: presumed dead, but alive
 RENEW_FAILURES = f"{PREFIX}:renew-failures"  # HASH process token -> lease renewals its watchdog missed
 PROMOTER_LOCK = f"{PREFIX}:promoter-lock"  # one large-run promotion per interval across workers

@@ -173,6 +173,30 @@ def test_a_dead_process_is_presumed_dead_and_its_runs_rescued(redis_client, monk
     assert not any(redis_client.exists(keys.lease(r)) for r in runs)
 
 
+def test_a_batch_of_rescues_marks_them_under_way_and_a_renewal_reads_the_mark(redis_client, monkeypatch):
+    """The mark a batch of rescues sets rides in rescue_many's pipeline, and the inline-step check reads
+    it with the renewal: both pipelines span slots on a cluster (tasks.delivery._goes_on)."""
+    from fenced_core.settings import get_settings
+    from fencing import liveness
+    from fencing.reaper import RESCUE_YIELD_MIN_RUNS
+
+    monkeypatch.setenv("FENCED_FAST_TAKEOVER", "1")
+    get_settings.cache_clear()
+    dead = "gone-host:2:dead"
+    runs = [f"batch-{i}" for i in range(RESCUE_YIELD_MIN_RUNS)]
+    for run_id in runs:
+        assert Lease(run_id, 60_000, token=f"{dead}/{run_id}").acquire(0)
+    alive = Lease("alive-run", 60_000)
+    assert alive.acquire(0)
+    assert alive.renew(exists=keys.RESCUES_UNDER_WAY) == (True, 0)
+    for _ in range(liveness.MISSES_TO_PRESUME_DEAD):
+        redis_client.delete(keys.LIVENESS_LOCK)
+        rescued = liveness.check_connections(lambda _run_id: None)
+    assert sorted(rescued) == sorted(runs)
+    assert redis_client.exists(keys.RESCUES_UNDER_WAY)
+    assert alive.renew(exists=keys.RESCUES_UNDER_WAY) == (True, 1)
+
+
 # -- live events: the poll that stands in for one XREAD over many slots -------------------------------------
 def test_the_stream_waiter_follows_runs_on_every_master(redis_client):
     runs = [f"live-{i}" for i in range(12)]
