@@ -153,7 +153,8 @@ def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
     checkpoint B alone, release (refused) and a continuation, which the holder's delivery drops. Not
     under `reach` routing, which decides where each step runs, and not while wake-ups wait on the
     continuation queue and every slot of this process is taken (with a slot free the worker takes them
-    itself). docs/design.md, "Round trips removed", has the whole argument."""
+    itself), or a batch of rescues went out lately (fencing.broker.renewed_and_going_on).
+    docs/design.md, "Round trips removed", has the whole argument."""
     if ran >= inline or not _Inlining.allowed or lease.timed_out:
         return False
     if time.monotonic() - began >= INLINE_WINDOW_S or policy.reach():
