@@ -160,19 +160,23 @@ def _p95_bound(result: ScenarioResult, kind: str, taken: list[tuple[float, str]]
                                      f"({why})")
 
 
+# Kill moments a fault point holds until the kill (the point each arms); the rest are polled.
+_HELD_BY_POINT = {"tools": "in_tool", "between_checkpoints": "after_tools",
+                  "after_terminal_write": "after_terminal_write"}
+
+
 def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode | None, float, list[str]]:
     """Wait for `moment` on a run of the busiest worker, SIGKILL its process group; (node, kill ms, held runs)."""
     victim: WorkerNode | None = None
-    if moment in ("tools", "between_checkpoints", "after_terminal_write"):
+    if moment in _HELD_BY_POINT:
         # A fault point holds the moment until the kill: a tool that returns at once (a user's lookup)
         # left a polled "newest event is tool_started" to luck, and a round could miss three times.
-        faults.arm({"tools": "in_tool", "between_checkpoints": "after_tools"}.get(moment, "after_terminal_write"))
+        faults.arm(_HELD_BY_POINT[moment])
         hit = faults.next_hit(60)
         clear_faults()
         if hit:
             victim = cluster.node_of(hit[2])
-    else:
-        wanted = "step_started"  # the model call: the stub's and a user's model take a while
+    else:  # the model call: the stub's and a user's model take a while, so polling the stream finds it
 
         def busiest_at_moment() -> WorkerNode | None:
             live = [r for r in rows(ids) if r.state == "running" and r.owner]
@@ -187,7 +191,7 @@ def _kill_at(cluster: Cluster, ids: list[str], moment: str) -> tuple[WorkerNode 
                 return None
             name, mine = max(by_node.items(), key=lambda kv: len(kv[1]))
             newest = last_events(mine)
-            return nodes[name] if any(t == wanted for t, _ in newest.values()) else None
+            return nodes[name] if any(t == "step_started" for t, _ in newest.values()) else None
 
         victim = wait_for(busiest_at_moment, 60, every_s=0.02)
     if victim is None:

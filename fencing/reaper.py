@@ -52,14 +52,14 @@ def rescue_many(run_ids: Sequence[str], grace_ms: int, reason: str, send: Send) 
     # removes it (Lease.acquire).
     pipe = client.pipeline(transaction=False)
     deadline = now_ms() + grace_ms
+    for run_id in chosen:
+        pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, keys.RESCUE_HOLDER): deadline})
+        pipe.get(keys.epoch(run_id))
     if len(chosen) >= RESCUE_YIELD_MIN_RUNS:
         # A batch (a dead process's runs): for a while inline steps yield to what waits on the continuation
         # queue even with a slot free (tasks.delivery._goes_on); a few runs find free slots like any wake-up.
         pipe.set(keys.RESCUES_UNDER_WAY, rescuer, px=RESCUE_YIELD_MS)
-    for run_id in chosen:
-        pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, keys.RESCUE_HOLDER): deadline})
-        pipe.get(keys.epoch(run_id))
-    mirrors = pipe.execute()[-2 * len(chosen) + 1::2]
+    mirrors = pipe.execute()[1:2 * len(chosen):2]
     for run_id in chosen:
         send(run_id)
         log.warning("rescued", run_id=run_id, reason=reason)

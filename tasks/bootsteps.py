@@ -92,8 +92,7 @@ class SlotsStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         from tasks.delivery import set_slots
 
-        concurrency = worker.concurrency
-        set_slots(concurrency if isinstance(concurrency, int) else None)
+        set_slots(worker.concurrency)
 
     def stop(self, worker: Any) -> None:
         from tasks.delivery import set_slots

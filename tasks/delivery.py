@@ -116,9 +116,10 @@ def stop_inlining() -> None:
     _Inlining.allowed = False
 
 
-def set_slots(slots: int | None) -> None:
-    """The number of deliveries this process runs at once (its worker's pool size; tasks.bootsteps)."""
-    _Inlining.slots = slots if slots and slots > 0 else None
+def set_slots(slots: object) -> None:
+    """The number of deliveries this process runs at once (its worker's pool size; tasks.bootsteps);
+    anything but a positive int (None, Celery's unresolved "auto") leaves it unknown."""
+    _Inlining.slots = slots if isinstance(slots, int) and slots > 0 else None
 
 
 @contextmanager
