@@ -381,6 +381,8 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
                   "AND ended_at_ms IS NULL AND started_at_ms <= :k AND worker LIKE :w", k=kill_ms, w=f"%:{pid}:%")
     held_ids = sorted({r.run_id for r in held})
     latencies: list[float] = []
+    detection: list[float] = []
+    after_rescue: list[float] = []
     missing: list[str] = []
     from_victim = 0
     if held_ids:
@@ -400,6 +402,12 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
         ledger = _query(f"SELECT detail FROM run_ledger WHERE run_id IN ({held_list}) AND kind = 'takeover' "
                         "AND at_ms >= :k", k=kill_ms)
         from_victim = sum(f":{pid}:" in str(json.loads(d.detail or "{}").get("previous_owner")) for d in ledger)
+        # Split the latency: kill -> the rescue's ledger entry (detection; written just before the wake-up
+        # goes out) and that entry -> the claim (the wake-up's wait for a slot and a consumer).
+        rescues = dict(_query(f"SELECT run_id, MIN(at_ms) FROM run_ledger WHERE run_id IN ({held_list}) "
+                              "AND kind = 'rescue' AND at_ms >= :k GROUP BY run_id", k=kill_ms))
+        detection = [float(at - kill_ms) for at in rescues.values()]
+        after_rescue = [float(r[1] - rescues[r[0]]) for r in rows if r[0] in rescues]
     restarted = True
     try:
         victim.wait_for_log("ready.", timeout=90)
@@ -407,6 +415,7 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
         restarted = False
     return {"victim_pid": pid, "held_mid_step": len(held_ids), "claimed_again": len(latencies),
             "not_claimed": missing[:5], "takeovers_from_victim": from_victim, "latency_ms": summary(latencies),
+            "rescued_ms": summary(detection), "claimed_after_rescue_ms": summary(after_rescue),
             "restarted": restarted}
 
 

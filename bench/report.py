@@ -226,6 +226,10 @@ def inflight_section(f: dict[str, Any]) -> list[str]:
         lines.append(f"| kill -9 of one worker (restarted at once): runs it held mid-step -> claimed again, "
                      f"p50 / p95 / max ms | {t['held_mid_step']} -> {t['claimed_again']}: {lat['p50']} / "
                      f"{lat['p95']} / {lat['max']} |")
+        if t.get("rescued_ms"):
+            det, rest = t["rescued_ms"], t["claimed_after_rescue_ms"]
+            lines.append(f"| of which kill -> rescue sent / rescue -> claim, p50 / p95 ms | {det['p50']} / "
+                         f"{det['p95']} and {rest['p50']} / {rest['p95']} |")
     if "runs_passed" in f:
         lines.append(f"| runs done and passing their verdict | {f['runs_passed']}/{p['runs']} ({f['states']}) |")
     lines += ["", "| target | measured | met |", "|---|---|---|"]

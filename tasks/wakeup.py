@@ -28,8 +28,11 @@ from routing import policy
 from tasks import queues
 from tasks.celery_app import RUN_TASK
 from tasks.celery_app import app as _default_app
+from tasks.kombu_front_of_queue import HEADER as FRONT
+from tasks.kombu_front_of_queue import install as _install_front_of_queue
 
 log = structlog.get_logger("tasks.wakeup")
+_install_front_of_queue()  # the header below means nothing to kombu without it
 
 Reason = Literal["submit", "continuation", "rescue", "reply", "replay", "reroute"]
 REASONS: tuple[Reason, ...] = ("submit", "continuation", "rescue", "reply", "replay", "reroute")
@@ -91,8 +94,10 @@ def batch() -> Iterator[None]:
 
 def _publish(run_id: str, step: int | None, reason: Reason, queue: str | Queue, name: str) -> None:
     options: dict[str, Any] = {"task_id": run_id} if reason == "submit" else {}
-    _app[0].send_task(RUN_TASK, args=(run_id, step), queue=queue, routing_key=name,
-                      headers={"fenced_sent_ms": registry.now_ms()},
+    headers: dict[str, Any] = {"fenced_sent_ms": registry.now_ms()}
+    if reason == "rescue":  # a dead holder's run goes before what waits (tasks/kombu_front_of_queue.py)
+        headers[FRONT] = True
+    _app[0].send_task(RUN_TASK, args=(run_id, step), queue=queue, routing_key=name, headers=headers,
                       producer=getattr(_batch, "producer", None), **options)
 
 

@@ -49,6 +49,9 @@ def test_longrun_and_inflight_sections_measure_what_they_say(tmp_path):
     assert t["held_mid_step"] > 0 and t["claimed_again"] == t["held_mid_step"] and not t["not_claimed"], t
     # The runs counted as held were taken over from the killed process, as the ledger says.
     assert t["takeovers_from_victim"] == t["held_mid_step"], t
+    # Every run held was rescued (its ledger entry) before its claim: the latency splits in two.
+    assert t["rescued_ms"]["n"] == t["claimed_after_rescue_ms"]["n"] == t["held_mid_step"], t
+    assert 0 < t["rescued_ms"]["p50"] <= t["latency_ms"]["p50"], t
     assert t["restarted"], t
     assert f["runs_passed"] == p["runs"] and f["states"] == {"done": p["runs"]}, f
     assert {row["target"].split(" ")[0] for row in f["targets"]} >= {"steps/s", "p95", "takeover", "memory"}

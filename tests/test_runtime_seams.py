@@ -4,6 +4,7 @@ one wake-up sender; Redis keys only inside fencing/, through one typed wrapper p
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,36 @@ def test_a_batch_sends_its_wake_ups_together_when_it_ends(mysql_store, redis_cli
     assert sorted(b["headers"]["argsrepr"] for b in bodies) == sorted(
         [f"('r-{i}', None)" for i in range(300)] + ["('r-next', 3)"])
     assert all(b["headers"]["task"] == RUN_TASK for b in bodies)
+
+
+def _taken_in_order(redis_client, queue: str) -> list[str]:
+    """The argsrepr of every message in `queue`, in the order kombu's consumer (BRPOP) takes them."""
+    taken = []
+    while (raw := redis_client.rpop(queue)) is not None:
+        taken.append(json.loads(raw)["headers"]["argsrepr"])
+    return taken
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one-by-one", "batched"])
+def test_a_rescue_is_taken_before_the_wake_ups_already_waiting(mysql_store, redis_client, batched):
+    """tasks/kombu_front_of_queue.py: a rescued run's wake-up goes to the consuming end of the
+    continuation list (a dead holder's runs do not wait behind every handover); the rest keep their
+    order, and the rescue is the same message as any other wake-up but for its header."""
+    from tasks.kombu_front_of_queue import HEADER
+
+    queue = keys.broker_queue(queues.CONTINUE)
+    with wakeup.batch() if batched else contextlib.nullcontext():
+        wakeup.send("r-a", 3, "continuation")
+        wakeup.send("r-b", 5, "continuation")
+        wakeup.rescue("r-lost")
+        wakeup.send("r-c", 2, "reply")
+        wakeup.rescue("r-lost-too")
+    raw = {json.loads(m)["headers"]["argsrepr"]: json.loads(m) for m in redis_client.lrange(queue, 0, -1)}
+    assert raw["('r-lost', None)"]["headers"][HEADER] is True
+    assert HEADER not in raw["('r-a', 3)"]["headers"]
+    assert raw["('r-lost', None)"]["headers"]["task"] == raw["('r-a', 3)"]["headers"]["task"] == RUN_TASK
+    assert _taken_in_order(redis_client, queue) == [
+        "('r-lost-too', None)", "('r-lost', None)", "('r-a', 3)", "('r-b', 5)", "('r-c', 2)"]
 
 
 def test_a_batch_left_by_an_exception_sends_nothing_of_it(mysql_store, redis_client):
