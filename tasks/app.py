@@ -13,7 +13,7 @@ from celery.concurrency import asynpool
 from celery.worker.request import Request
 
 from tasks import wakeup
-from tasks.bootsteps import LivenessStep, SlotsStep
+from tasks.bootsteps import LivenessStep, NoMingleStep, SlotsStep
 from tasks.celery_app import RUN_TASK, app
 from tasks.delivery import deliver, stop_inlining
 from tasks.metrics import MetricsStep
@@ -160,5 +160,6 @@ def _bound_the_drain(sig: str = "", how: str = "", **_: Any) -> None:
 
 app.steps["worker"].add(LivenessStep)
 app.steps["worker"].add(SlotsStep)  # the pool size, for the inline-step rule (tasks.delivery)
+app.steps["worker"].add(NoMingleStep)  # no 1 s hello at start-up: fenced never revokes
 app.steps["worker"].add(MetricsStep)  # /metrics on FENCED_METRICS_PORT (off by default)
 app.steps["worker"].add(RoutingStep)  # the worker registry and routing (routing/, docs/routing.md)

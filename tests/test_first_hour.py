@@ -139,6 +139,26 @@ def test_celery_worker_runs_the_pool_the_readme_says(args, pool, redis_client):
     assert f"({pool})" in banner, banner
 
 
+def test_celery_worker_skips_mingle_without_being_told(redis_client):
+    """`celery -A tasks worker` as the README gives it (no --without-mingle): fenced's app skips Celery's
+    mingle (a hello that waits a full second at every start, for revoked task ids fenced never uses)."""
+    proc = subprocess.Popen([str(BIN / "celery"), "-A", "tasks", "worker", "-Q", "agents.continue", "-l", "info"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ}, start_new_session=True)
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if "ready." in line:
+                break
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    assert any("ready." in line for line in seen), "".join(seen)
+    assert not any("mingle" in line for line in seen), "".join(seen)
+
+
 @pytest.mark.chaos
 def test_a_result_handle_and_a_followed_stream(workers):
     """`wait` blocks until the run ends and returns its answer; `fenced events RUN --follow` prints each
