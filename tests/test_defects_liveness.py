@@ -249,6 +249,28 @@ def test_a_refused_acquire_does_not_push_the_holders_deadline_out(redis_client):
     assert redis_client.zscore(keys.lease_index("r7b"), member) == deadline, "the holder's deadline is unchanged"
 
 
+def test_a_duplicate_wake_up_on_the_holders_own_process_keeps_the_run_in_fast_takeovers_view(
+        redis_client, settings_env):
+    """Found under load (issue 17, 2026-12-02): a duplicate wake-up delivered to the process that holds
+    the run through another delivery was refused, and the refusal took the run out of the process's set;
+    the process died 1.6 s later, before its watchdog put it back, and fast takeover missed 21 runs: they
+    waited the whole 30 s lease. A refusal by a lease another process holds still leaves no stale entry."""
+    settings_env(fast_takeover=1, lease_ttl_ms=30_000)
+    from fencing.connection import process_token
+
+    holder = Lease("r-dup", 30_000)
+    assert holder.acquire(None)
+    duplicate = Lease("r-dup", 30_000)  # another delivery of this same process
+    assert not duplicate.acquire(7)
+    assert redis_client.sismember(keys.held_by(process_token()), "r-dup"), "the holder's process still holds it"
+    sent: list[str] = []
+    assert liveness.presume_dead(process_token(), sent.append) == ["r-dup"] and sent == ["r-dup"]
+
+    redis_client.set(keys.lease("r-other"), "other-host:1:abc/def", px=30_000)
+    assert not Lease("r-other", 30_000).acquire(None)
+    assert not redis_client.sismember(keys.held_by(process_token()), "r-other"), "no entry for what it never held"
+
+
 # -- 9. a retried park cannot overwrite a reply ------------------------------------------------------
 def test_a_retried_park_after_a_reply_is_refused(store):
     run = new_run()
