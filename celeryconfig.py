@@ -33,7 +33,12 @@ except ConfigError as _exc:  # `celery -A tasks worker` with a bad FENCED_* vari
 broker_url = _settings.effective_broker_url
 broker_connection_retry_on_startup = True
 # Consume queues in the listed order (BRPOP key order), not round robin: continuations come first.
-broker_transport_options = {"queue_order_strategy": "priority", "visibility_timeout": 3600}
+# kombu's Redis channel caps its connection pool at 10 and redis-py fails a command past the cap; a
+# worker running hundreds of deliveries acks through one channel, and that failure reads as a lost
+# broker: the consumer reconnects and puts every unacked message back on the queue (a duplicate of each
+# wake-up still running). So the broker gets the limit fenced's own Redis has (FENCED_REDIS_MAX_CONNECTIONS).
+broker_transport_options = {"queue_order_strategy": "priority", "visibility_timeout": 3600,
+                            "max_connections": _settings.redis_max_connections}
 if broker_url.startswith("sentinel://"):
     # kombu's Sentinel transport: the master its sentinels monitor (settings refuse a sentinel:// broker
     # without one). Asking a sentinel that is down must not hold up finding the master (docs/redis-sentinel.md).

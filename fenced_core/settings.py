@@ -48,8 +48,8 @@ class Settings(BaseSettings):
 
     redis_max_connections: int = Field(
         10_000, gt=0, description="Redis connections one process may open to fenced's Redis (each node of a "
-        "cluster); opened on demand and kept. redis-py 8 caps a pool at 100 and fails the command past it, "
-        "which a worker with hundreds of threads reaches")
+        "cluster), and per kombu channel to the broker; opened on demand and kept. redis-py 8 caps a pool at "
+        "100 and kombu at 10, and both fail the command past it, which a worker with hundreds of threads reaches")
 
     # Leases and liveness.
     lease_ttl_ms: int = Field(30_000, gt=0, description="Lease lifetime without renewal")

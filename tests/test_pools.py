@@ -100,3 +100,19 @@ def test_a_burst_beyond_the_pool_waits_for_a_kept_connection(settings_env, mysql
         assert len(opened) == 6 and engine.pool.checkedin() == 6, (len(opened), engine.pool.status())
     finally:
         db.dispose_all()
+
+
+def test_the_broker_channel_serves_as_many_commands_at_once_as_a_worker_runs(redis_client):
+    """kombu's Redis channel capped its pool at 10, and a loaded worker's acks (one channel, hundreds of
+    deliveries) failed past it with MaxConnectionsError; Celery took that for a lost broker, reconnected
+    and requeued every unacked wake-up (issue 17, 2026-12-02: 645 duplicate deliveries in one run)."""
+    from tasks.celery_app import app
+
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+
+        def hold() -> None:
+            with channel.conn_or_acquire() as client:  # what QoS.ack and a publish go through
+                client.blpop(["fenced-test:pool:nothing"], timeout=0.3)
+
+        assert _at_once(64, hold) == []
