@@ -27,6 +27,7 @@ All runs are submitted at once (`submit_many`); then, from the database the work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -326,17 +327,18 @@ def _window(in_list: str, w0: int, w1: int, p: Params) -> dict[str, Any]:
     pairs = [(a, b) for a, b in itertools.pairwise(attempts)
              if a.run_id == b.run_id and a.outcome == "step_done" and b.step == a.step + 1 and a.ended_at_ms
              and w0 <= a.ended_at_ms < w1]
-    first_event = _first_event_ms(sorted({b.run_id for _a, b in pairs}))
     # An inline claim commits with checkpoint B and the step's first event is appended just after: read
     # right at the window's end, a step that ended there can show its next attempt and not yet its event.
-    # Wait for those (a lost event still counts as one after the wait).
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        late = sorted({b.run_id for _a, b in pairs if (b.run_id, b.step, b.epoch) not in first_event})
-        if not late:
-            break
-        time.sleep(0.25)
-        first_event.update(_first_event_ms(late))
+    # Read again for those for a while (a lost event still counts as one after the wait).
+    first_event: dict[tuple[str, int, int], int] = {}
+
+    def every_event_read() -> bool:
+        first_event.update(_first_event_ms(sorted({b.run_id for _a, b in pairs
+                                                   if (b.run_id, b.step, b.epoch) not in first_event})))
+        return all((b.run_id, b.step, b.epoch) in first_event for _a, b in pairs)
+
+    with contextlib.suppress(TimeoutError):  # what is still missing is counted below
+        _wait(every_event_read, 10, "the first event of every step claimed in the window")
     # The gap: checkpoint B of step N -> the first event of step N + 1 (its `step_started`, appended right
     # after the claim, before the model call): the time no step of the run is working. Between attempt
     # rows too, split by how the next step was claimed: an inline claim shares checkpoint B's transaction
