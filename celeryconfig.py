@@ -20,9 +20,11 @@ from fenced_core.settings import INLINE_WINDOW_S, get_settings
 from tasks import queues
 from tasks.kombu_client_cache import install as _reuse_publish_clients
 from tasks.kombu_close_fix import install as _keep_workers_through_broker_failover
+from tasks.kombu_slot_wakeup import install as _wake_green_consumers_on_a_free_slot
 
 _keep_workers_through_broker_failover()  # kombu 5.7's close path would end the worker (tasks/kombu_close_fix.py)
 _reuse_publish_clients()  # kombu 5.7 builds a redis-py client per publish (tasks/kombu_client_cache.py)
+_wake_green_consumers_on_a_free_slot()  # a full gevent worker looked again only every 2 s (tasks/kombu_slot_wakeup.py)
 
 try:
     _settings = get_settings()

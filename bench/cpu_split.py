@@ -7,7 +7,8 @@ per step of zero-latency 4-step runs on real workers (issue 17; the inline-steps
 Both stores must be private to this command (the Redis database is flushed, the database migrated),
 and on this machine: the server processes' CPU is read from /proc (`mariadbd`, and the redis-server
 listening on the Redis URL's port). Each `--inline N` is one pass with FENCED_INLINE_STEPS=N in the
-workers (2 processes x `--concurrency` threads); the burst goes in through submit_many in batches of 50.
+workers (2 processes x `--concurrency` slots of `--pool`, threads by default); the burst goes in through
+submit_many in batches of 50.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _server_pids(redis_url: str) -> dict[str, list[int]]:
     return {"mariadb": mariadb, "redis": redis}
 
 
-def one_pass(runs: int, inline: int, concurrency: int, log_dir: Path) -> dict[str, Any]:
+def one_pass(runs: int, inline: int, concurrency: int, log_dir: Path, pool: str = "threads") -> dict[str, Any]:
     """One burst on fresh workers; CPU ms per step of each process group, and runs/s."""
     import sqlalchemy as sa
 
@@ -49,7 +50,7 @@ def one_pass(runs: int, inline: int, concurrency: int, log_dir: Path) -> dict[st
     get_redis().flushdb()
     env = {"FENCED_INLINE_STEPS": str(inline)}
     workers = [WorkerProcess(f"cpu-split-{inline}-{i}", env=env, log_path=log_dir / f"cpu-split-{inline}-{i}.log",
-                             concurrency=concurrency) for i in (1, 2)]
+                             concurrency=concurrency, pool=pool) for i in (1, 2)]
     for w in workers:
         w.start(wait_ready=False)
     try:
@@ -75,7 +76,8 @@ def one_pass(runs: int, inline: int, concurrency: int, log_dir: Path) -> dict[st
         client_s = time.process_time() - client
         steps = runs * STEPS_PER_RUN
         per_step = {k: round((sum(cpu_s(p) for p in v) - before[k]) * 1000 / steps, 2) for k, v in pids.items()}
-        return {"inline_steps": inline, "runs": runs, "runs_per_s": round(runs / wall, 1),
+        return {"inline_steps": inline, "pool": pool, "concurrency": concurrency, "runs": runs,
+                "runs_per_s": round(runs / wall, 1),
                 "steps_per_s": round(steps / wall, 1),
                 "cpu_ms_per_step": {**per_step, "client": round(client_s * 1000 / steps, 2)},
                 "inline_deliveries": sum(w.logs().count("inline=True") for w in workers)}
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-url", required=True, help="a private MariaDB database on this machine (migrated)")
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--pool", default="threads", help="the workers' pool (threads, gevent)")
     parser.add_argument("--inline", type=int, action="append", help="FENCED_INLINE_STEPS of one pass (repeatable)")
     parser.add_argument("--log-dir", type=Path, help="where the workers' logs go (default: a new temporary directory)")
     args = parser.parse_args(argv)
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     migrate()
     for inline in args.inline or [8, 0]:
-        print(json.dumps(one_pass(args.runs, inline, args.concurrency, log_dir)), flush=True)
+        print(json.dumps(one_pass(args.runs, inline, args.concurrency, log_dir, args.pool)), flush=True)
     return 0
 
 
