@@ -294,6 +294,7 @@ def measure(p: Params) -> dict[str, Any]:
                                      "AND finished_at_ms IS NOT NULL")[0][0]) >= p.runs,
                   p.timeout_s, f"all {p.runs} runs finished", every_s=1.0)
             out["all_done_s"] = round(time.time() - started, 1)
+            out["deliveries"] = delivery_counts("".join(w.logs() for w in ws))
     states = dict(_query(f"SELECT state, COUNT(*) FROM run_checkpoints WHERE run_id IN ({in_list}) GROUP BY state"))
     out["states"] = {str(k): int(v) for k, v in states.items()}
     failed = [v for v in (check_run(rid) for rid in ids) if not v.ok]
@@ -431,6 +432,16 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
             "restarted": restarted}
 
 
+def delivery_counts(logs: str) -> dict[str, int]:
+    """What the workers' logs say about wake-ups delivered more than once. A duplicate costs the runs
+    nothing (the lease refuses it: `duplicate_dropped`), so no verdict ever flags one; a run with
+    hundreds of them had a broker problem: kombu's "Restoring N unacknowledged message(s)" after a
+    reconnect requeues every wake-up still running, as its 10-connection pool cap once did."""
+    return {"duplicates_dropped": logs.count("event='duplicate_dropped'"),
+            "broker_restores": logs.count("Restoring "),
+            "too_many_connections": logs.count("Too many connections")}
+
+
 def _held_now(in_list: str, pid: int) -> int:
     """Runs `pid` holds mid-step now (an attempt of its token with no end)."""
     return int(_query(f"SELECT COUNT(*) FROM run_attempts WHERE run_id IN ({in_list}) AND ended_at_ms IS NULL "
@@ -464,6 +475,12 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"target": f"takeover after kill -9 p95 <= {TAKEOVER_P95_TARGET_MS / 1000:g} s under this load",
                      "measured": f"{p95} ms over {t['claimed_again']} of {t['held_mid_step']} runs held",
                      "met": p95 is not None and p95 <= TAKEOVER_P95_TARGET_MS and not t["not_claimed"]})
+    d = r.get("deliveries")
+    if d:
+        rows.append({"target": "wake-ups delivered twice reported (each dropped by the lease)",
+                     "measured": f"{d['duplicates_dropped']} dropped; broker restores {d['broker_restores']}, "
+                                 f"pool-cap errors {d['too_many_connections']}",
+                     "met": True})
     if "runs_passed" in r:
         rows.append({"target": "every run done and passing its verdict",
                      "measured": f"{r.get('runs_passed')}/{r['params']['runs']}",

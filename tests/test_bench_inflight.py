@@ -54,6 +54,10 @@ def test_longrun_and_inflight_sections_measure_what_they_say(tmp_path):
     assert 0 < t["rescued_ms"]["p50"] <= t["latency_ms"]["p50"], t
     assert t["restarted"], t
     assert f["runs_passed"] == p["runs"] and f["states"] == {"done": p["runs"]}, f
+    # No consumer reconnect requeued the wake-ups still running (kombu's pool cap did, 2026-12-02).
+    d = f["deliveries"]
+    assert d["broker_restores"] == 0 and d["too_many_connections"] == 0, d
+    assert any(row["target"].startswith("wake-ups delivered twice") for row in f["targets"]), f["targets"]
     assert {row["target"].split(" ")[0] for row in f["targets"]} >= {"steps/s", "p95", "takeover", "memory"}
     md = (tmp_path / "benchmarks.md").read_text()
     for heading in ("## Long runs: checkpoint growth", "## In flight: slow-model runs held at once", "## Targets"):
