@@ -90,19 +90,18 @@ class Lease:
             register(pipe, [self.run_id], self.process)
 
         reply = int(registered.execute(client, build)[0])
-        taken = reply > 0
+        taken = reply in (1, 2)
         self.took_handoff = reply == 2
         if not taken:
             # Not ours after all: no index entry, and the process's set keeps to what it holds. A
             # duplicate wake-up delivered to the process that holds the run through another delivery
-            # must not take the run out of the set: fast takeover would then miss it if the process died
-            # before its watchdog's next renewal put it back, and the run would wait a whole lease.
+            # (reply 3) must not take the run out of the set: fast takeover would then miss it if the
+            # process died before its watchdog's next renewal put it back, and the run would wait a lease.
             pipe = client.pipeline(transaction=False)
             pipe.zrem(self.index, self.member)
-            pipe.get(self.key)
-            holder = pipe.execute()[1]
-            if not (holder and holder.startswith(f"{self.process}/")):
-                client.srem(keys.held_by(self.process), self.run_id)
+            if reply != 3:
+                pipe.srem(keys.held_by(self.process), self.run_id)
+            pipe.execute()
         return taken
 
     def renew(self, client: redis.Redis | None = None, *, llen: str | None = None,

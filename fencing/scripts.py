@@ -124,7 +124,7 @@ class Call:
 # -- one wrapper per script (see each .lua header for the contract) -------------------------------------
 def acquire(run_id: str, *, token: str, ttl_ms: int, handoff: str) -> Call:
     """acquire.lua: take the lease if free, or if it holds `handoff` ("" = none). Reply 1 taken while free,
-    2 taken from the handoff, 0 not."""
+    2 taken from the handoff, 3 not taken because this token's process holds it already, 0 not taken."""
     return Call("acquire", (k.lease(run_id), k.rescue(run_id)), (token, ttl_ms, handoff))
 
 

@@ -29,7 +29,7 @@ SLICE_S = 0.01
 _PATCHED = "_fenced_slot_wakeup"
 
 
-def starved(cycle: Any) -> bool:
+def _starved(cycle: Any) -> bool:
     """Whether a channel of the poller consumes queues but may not take another message now."""
     return any(channel.active_queues and not channel.qos.can_consume() for channel in cycle._channels)
 
@@ -42,7 +42,7 @@ def install() -> None:
     original = poller.get
 
     def get(self: Any, callback: Any, timeout: float | None = None) -> Any:
-        if (timeout is None or timeout > SLICE_S) and starved(self):
+        if (timeout is None or timeout > SLICE_S) and _starved(self):
             timeout = SLICE_S
         return original(self, callback, timeout)
 

@@ -4,7 +4,8 @@
 -- ARGV[1] - holder token
 -- ARGV[2] - ttl in ms
 -- ARGV[3] - handoff value this delivery may take over ("" = none)
--- return 1 if taken while free, 2 if taken from the handoff, otherwise 0
+-- return 1 if taken while free, 2 if taken from the handoff, 3 if refused because another delivery of
+-- this same process holds it (the token's part before '/': a duplicate wake-up), otherwise 0
 -- Taking the lease answers any rescue that was out for this run, so the marker goes: if this holder
 -- dies too, its own rescue must not wait for the old marker to expire.
 local lease_key = KEYS[1]
@@ -21,5 +22,9 @@ if current == false or (handoff ~= '' and current == handoff) then
         return 1
     end
     return 2
+end
+local process = string.match(token, '^[^/]*')
+if string.sub(current, 1, #process + 1) == process .. '/' then
+    return 3
 end
 return 0
