@@ -141,8 +141,10 @@ class StepRunner:
 
     def step_done(self, record: dict[str, Any], name: str) -> Outcome:
         """Checkpoint B: `record` joins the history, the run moves to the next step and is handed over."""
-        faults.point("after_tools", self.run_id)
         self.boundary()
+        # After the boundary: a holder frozen here (a chaos zombie) writes next, and the fence refuses it,
+        # whether or not its watchdog found the lease lost first.
+        faults.point("after_tools", self.run_id)
         self.history.append(record)
         self.emit(f"s{self.step}:done", "step_done", {"name": name})
         claimed = None
@@ -158,8 +160,8 @@ class StepRunner:
 
     def finish(self, record: dict[str, Any] | None, answer: str) -> Outcome:
         """The run is done: its last record, its answer, settlement and the final event."""
-        faults.point("after_tools", self.run_id)
         self.boundary()
+        faults.point("after_tools", self.run_id)  # after the boundary, as in step_done
         if record is not None:
             self.history.append(record)
         with metrics.checkpoint_timer("terminal"):
