@@ -24,9 +24,10 @@ PIECES = (
     ("load run row", "checkpoints.runs", "get_run"),
     ("lease acquire", "fencing.lease.Lease", "acquire"),
     ("claim (epoch + 1)", "checkpoints.runs", "claim"),
-    ("events", "fencing.events", "append_many"),  # events.append goes through it
+    ("events", "fencing.events.Appends", "send"),  # events.append(_many) and a step's emit go through it
     ("checkpoint A", "checkpoints.runs", "write_decided"),
     ("checkpoint B", "checkpoints.runs", "write_step_done"),
+    ("checkpoint B", "checkpoints.runs", "write_step_done_and_claim"),  # and the next step's inline claim
     ("terminal write", "checkpoints.runs", "finish"),
     ("admission release", "fencing.admission", "release_slot"),
     ("lease release", "fencing.lease.Lease", "release"),

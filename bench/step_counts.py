@@ -32,7 +32,9 @@ def _counting() -> Iterator[collections.Counter[str]]:
     import redis.connection as rc
 
     counts: collections.Counter[str] = collections.Counter()
-    query, commit, send = pc.Connection.query, pc.Connection.commit, rc.Connection.send_packed_command
+    # Patched where each is defined, and put back there: setting the inherited send_packed_command on
+    # Connection would leave a copy there that hides later patches of AbstractConnection (test_lua's).
+    query, commit, send = pc.Connection.query, pc.Connection.commit, rc.AbstractConnection.send_packed_command
 
     def counted_query(self: Any, sql: Any, unbuffered: bool = False) -> Any:
         counts["db round trips"] += 1
@@ -53,20 +55,21 @@ def _counting() -> Iterator[collections.Counter[str]]:
         return send(self, command, check_health)
 
     pc.Connection.query, pc.Connection.commit = counted_query, counted_commit
-    rc.Connection.send_packed_command = counted_send  # type: ignore[method-assign]
+    rc.AbstractConnection.send_packed_command = counted_send  # type: ignore[method-assign]
     try:
         yield counts
     finally:
         pc.Connection.query, pc.Connection.commit = query, commit
-        rc.Connection.send_packed_command = send  # type: ignore[method-assign]
+        rc.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
 
 
 def _server_commands(client: Any) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
 
 
-def count(runs: int = 20) -> dict[str, Any]:
-    """Drive `runs` four-step runs here and return per-step averages (the stores must be private)."""
+def count(runs: int = 20, inline: int = 0) -> dict[str, Any]:
+    """Drive `runs` four-step runs here and return per-step averages (the stores must be private);
+    `inline`: the steps a delivery may run after its own (FENCED_INLINE_STEPS in a worker)."""
     import examples.shopping  # noqa: F401 - registers the agent the in-process deliveries run
     from bench.breakdown import drive
     from bench.work import QUERY
@@ -89,15 +92,19 @@ def count(runs: int = 20) -> dict[str, Any]:
     before = _server_commands(client)
     with _counting() as counts:
         for run_id in ids:
-            drive(run_id, each)
+            drive(run_id, each, inline=inline)
     after = _server_commands(client)
+    if inline:  # each() counted deliveries; the rows say how many steps ran (a done run's step is its last)
+        from checkpoints import runs as run_rows
+
+        steps = sum(row.step + 1 for row in (run_rows.get_run(r) for r in ids) if row is not None)
     # INFO is this measurement's own call, and drive() deletes the queues it filled once per run
     commands = {k: after[k] - before.get(k, 0) for k in after if k != "info"}
     commands["del"] = commands.get("del", 0) - runs
     commands = {k: v for k, v in commands.items() if v}
     per = {k: round(v / steps, 2) for k, v in sorted(counts.items())}
     client.flushdb()
-    return {"runs": runs, "steps": steps, "per_step": per,
+    return {"runs": runs, "inline": inline, "steps": steps, "per_step": per,
             "redis_commands_per_step": round(sum(commands.values()) / steps, 2),
             "redis_commands_by_name": {k: round(v / steps, 2) for k, v in sorted(commands.items())},
             "db_write_statements_per_step": round((counts["db INSERT"] + counts["db UPDATE"]) / steps, 2)}
@@ -108,13 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", required=True, help="a private Redis database (flushed)")
     parser.add_argument("--db-url", required=True, help="a private MySQL/MariaDB database (migrated)")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--inline", type=int, default=0, help="steps a delivery may run after its own (default 0)")
     args = parser.parse_args(argv)
     os.environ.update(FENCED_REDIS_URL=args.redis_url, FENCED_DB_URL=args.db_url, FENCED_STUB_STEP_MS="0")
     try:
         commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    print(json.dumps({"commit": commit, **count(args.runs)}, indent=2))
+    print(json.dumps({"commit": commit, **count(args.runs, args.inline)}, indent=2))
     return 0
 
 

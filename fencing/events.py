@@ -52,23 +52,41 @@ def append_many(run_id: str, epoch: int, items: list[tuple[str, str, int, dict[s
 
     With `raise_mirror`, the epoch mirror is raised first in the same round trip (a fresh claim's
     first write to Redis): a mirror already above `epoch` raises FencedOut and nothing is appended."""
-    client = client or get_redis()
-    registered = scripts_for(client)
-    maxlen = get_settings().events_keep
+    return Appends(run_id, epoch, items, raise_mirror).send(client)
 
-    def build(pipe: redis.client.Pipeline) -> None:
-        if raise_mirror:
-            registered.queue(pipe, scripts.raise_epoch(run_id, epoch=epoch))
-        for eid, type_, step, data in items:
-            event = Event(eid, type_, step, epoch, data)
-            registered.queue(pipe, scripts.append_event(run_id, epoch=epoch, maxlen=maxlen, fields=event.fields()))
 
-    ids = registered.execute(client, build)
-    if raise_mirror and int(ids.pop(0)) > epoch:
-        raise FencedOut(run_id, epoch, "epoch mirror")
-    if any(i is None for i in ids):
-        raise FencedOut(run_id, epoch, f"event {items[ids.index(None)][0]}")
-    return [str(i) for i in ids]
+@dataclass
+class Appends:
+    """Event appends as script calls, sent in a round trip of their own (`send`) or riding at the head of
+    another (a lease renewal: fencing.lease.Lease.renew); `settle` reads their replies (FencedOut for a
+    refused one) and records that they went out (`ids`)."""
+
+    run_id: str
+    epoch: int
+    items: list[tuple[str, str, int, dict[str, Any]]]
+    raise_mirror: bool = False
+    ids: list[str] | None = None  # the stream ids, once settled
+
+    def calls(self) -> list[scripts.Call]:
+        maxlen = get_settings().events_keep
+        mirror = [scripts.raise_epoch(self.run_id, epoch=self.epoch)] if self.raise_mirror else []
+        return mirror + [scripts.append_event(self.run_id, epoch=self.epoch, maxlen=maxlen,
+                                              fields=Event(eid, type_, step, self.epoch, data).fields())
+                         for eid, type_, step, data in self.items]
+
+    def send(self, client: redis.Redis | None = None) -> list[str]:
+        """Append them in a round trip of their own; their stream ids."""
+        client = client or get_redis()
+        return self.settle(scripts_for(client).execute_all(client, self.calls()))
+
+    def settle(self, replies: list[Any]) -> list[str]:
+        replies = list(replies)
+        if self.raise_mirror and int(replies.pop(0)) > self.epoch:
+            raise FencedOut(self.run_id, self.epoch, "epoch mirror")
+        if any(i is None for i in replies):
+            raise FencedOut(self.run_id, self.epoch, f"event {self.items[replies.index(None)][0]}")
+        self.ids = [str(i) for i in replies]
+        return self.ids
 
 
 def append_first_of_many(items: list[tuple[str, Event]], client: redis.Redis | None = None) -> None:

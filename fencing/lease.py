@@ -6,12 +6,16 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis
 
 from fencing import keys, scripts
 from fencing.connection import get_redis, process_token
 from fencing.scripts import scripts_for
+
+if TYPE_CHECKING:
+    from fencing.events import Appends
 
 
 def register(pipe: redis.client.Pipeline, run_ids: Sequence[str] = (), process: str | None = None) -> None:
@@ -105,16 +109,20 @@ class Lease:
         return taken
 
     def renew(self, client: redis.Redis | None = None, *, llen: str | None = None,
-              exists: str | None = None) -> tuple[bool, int]:
+              exists: str | None = None, appends: Appends | None = None) -> tuple[bool, int]:
         """Extend the lease for a full ttl if it is still ours (and move our index entry with it): one
         round trip, which also reads the length of list `llen` when given (a key on the same Redis: a
         broker queue), or whether key `exists` exists (1/0), else 0. Not renewed: lost (expired, taken
-        over, or Redis lost it); `lost` is set."""
+        over, or Redis lost it); `lost` is set. `appends` (event appends) go first in the same round
+        trip and are settled before anything else is read: a refused one raises FencedOut."""
         assert llen is None or exists is None, "one read rides with a renewal"
         client = client or get_redis()
         registered = scripts_for(client)
+        riding = appends.calls() if appends is not None else []
 
         def build(pipe: redis.client.Pipeline) -> None:
+            for call in riding:
+                registered.queue(pipe, call)
             registered.queue(pipe, scripts.renew(self.run_id, token=self.token, ttl_ms=self.ttl_ms))
             pipe.zadd(self.index, {self.member: now_ms() + self.ttl_ms}, gt=True)
             if llen is not None:
@@ -123,6 +131,9 @@ class Lease:
                 pipe.exists(exists)
 
         replies = registered.execute(client, build)
+        if appends is not None:
+            appends.settle(replies[:len(riding)])
+            replies = replies[len(riding):]
         renewed = int(replies[0]) == 1
         if not renewed:
             self.lost = True

@@ -13,7 +13,7 @@ from celery.worker import state as worker_state
 from checkpoints import ledger, runs
 from fenced_core.errors import FencedOut, LeaseLost, StoreUnavailable
 from fenced_core.settings import INLINE_WINDOW_S, get_settings
-from fencing import broker
+from fencing import broker, events
 from fencing.epoch import raise_epoch
 from fencing.lease import Lease, now_ms, rescue_answered
 from fencing.watchdog import get_watchdog
@@ -77,8 +77,8 @@ def _deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None
     ran = 0
     claimed: runs.Claim | None = None
 
-    def goes_on() -> bool:
-        return _goes_on(lease, ran, inline, began)
+    def goes_on(appends: events.Appends) -> bool:
+        return _goes_on(lease, ran, inline, began, appends)
 
     try:
         while True:
@@ -142,7 +142,7 @@ def _a_slot_is_free() -> bool:
     return max(_Inlining.busy, len(worker_state.active_requests)) < _Inlining.slots
 
 
-def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
+def _goes_on(lease: Lease, ran: int, inline: int, began: float, appends: events.Appends | None = None) -> bool:
     """Whether the delivery whose step has done its work runs the next one itself (up to `inline` more):
     asked by the step before its checkpoint B, which then claims the next step in the same transaction
     (checkpoints.runs.write_step_done_and_claim).
@@ -155,7 +155,10 @@ def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
     under `reach` routing, which decides where each step runs, and not while wake-ups wait on the
     continuation queue and every slot of this process is taken (with a slot free the worker takes them
     itself), or a batch of rescues went out lately (fencing.broker.renewed_and_going_on).
-    docs/design.md, "Round trips removed", has the whole argument."""
+    docs/design.md, "Round trips removed", has the whole argument.
+
+    `appends` (the step's step_done event) ride at the head of the renewal, when one is sent (their `ids`
+    then set); a refused one raises FencedOut (an Interrupt: no `except Exception` below swallows it)."""
     if ran >= inline or not _Inlining.allowed or lease.timed_out:
         return False
     if time.monotonic() - began >= INLINE_WINDOW_S or policy.reach():
@@ -166,14 +169,14 @@ def _goes_on(lease: Lease, ran: int, inline: int, began: float) -> bool:
         # and this run's next step queues up behind them. With a slot free they wait on the broker's
         # hand-out, not on a slot of ours: handing over would only add one more to them (and under load
         # every finishing step would, for good), unless rescues are under way.
-        return broker.renewed_and_going_on(lease, queues.CONTINUE, _a_slot_is_free())
+        return broker.renewed_and_going_on(lease, queues.CONTINUE, _a_slot_is_free(), appends)
     except Exception as exc:  # Redis or the broker down: hand over the ordinary way (that may fail the same)
         log.warning("inline_check_failed", run_id=lease.run_id, error=repr(exc))
         return False
 
 
 def _claim_and_run(run_id: str, step: int | None, lease: Lease, claimed: runs.Claim | None,
-                   goes_on: Callable[[], bool]) -> tuple[str, int | None, runs.Claim | None]:
+                   goes_on: Callable[[events.Appends], bool]) -> tuple[str, int | None, runs.Claim | None]:
     """Claim `step` under the lease we hold (or take `claimed`, this delivery's inline claim of it) and run
     it: (outcome, the step to hand over to or None, this delivery's claim of that step if it goes on)."""
     s = get_settings()

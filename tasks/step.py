@@ -58,11 +58,13 @@ class RetriesExhausted(Exception):
 class StepRunner:
     """Runs the claimed step of one run; every durable write is fenced by the claim's epoch."""
 
-    def __init__(self, claim: Claim, lease: Lease, goes_on: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, claim: Claim, lease: Lease,
+                 goes_on: Callable[[events.Appends], bool] = lambda _appends: False) -> None:
         self.c = claim
         self.lease = lease
         # Asked once the step's work is done: whether this delivery runs the next step too (tasks.delivery),
-        # claiming it in checkpoint B's transaction.
+        # claiming it in checkpoint B's transaction. The step's step_done event rides with the renewal
+        # that asks (`Appends.ids` set when it went out; else the step appends it itself).
         self.goes_on = goes_on
         self.settings = get_settings()
         run = claim.run
@@ -89,8 +91,17 @@ class StepRunner:
 
     def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> None:
         """Append one event; the claim's first one also raises the epoch mirror (same round trip)."""
-        self.last_event_id = events.append(self.run_id, self.c.epoch, eid, type_, self.step, data,
-                                           raise_mirror=not self.mirror_raised)
+        self.sent(self.event(eid, type_, data))
+
+    def event(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> events.Appends:
+        """One event of this step, to append (`sent`) or to ride with another round trip first."""
+        return events.Appends(self.run_id, self.c.epoch, [(eid, type_, self.step, data or {})],
+                              raise_mirror=not self.mirror_raised)
+
+    def sent(self, appends: events.Appends) -> None:
+        """Append `appends` unless another round trip carried them already (their ids are set)."""
+        ids = appends.ids if appends.ids is not None else appends.send()
+        self.last_event_id = ids[-1]
         self.mirror_raised = True
 
     def replies(self) -> list[dict[str, Any]]:
@@ -146,10 +157,12 @@ class StepRunner:
         # whether or not its watchdog found the lease lost first.
         faults.point("after_tools", self.run_id)
         self.history.append(record)
-        self.emit(f"s{self.step}:done", "step_done", {"name": name})
+        done = self.event(f"s{self.step}:done", "step_done", {"name": name})
+        goes_on = self.goes_on(done)  # the event rides with its renewal, when it makes one
+        self.sent(done)
         claimed = None
         with metrics.checkpoint_timer("B"):
-            if self.goes_on():
+            if goes_on:
                 claimed = runs.write_step_done_and_claim(self.c, self.step, self.checkpoint(), self.usage,
                                                          self.last_event_id)
             else:

@@ -6,6 +6,7 @@ spent budget hands the next step over through the broker instead."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -62,6 +63,49 @@ def test_one_delivery_runs_the_whole_run_inline_each_step_claimed_and_shown_once
     assert len(view) == len(events.read(run_id)), "no event superseded or repeated"
     assert sorted({e.step for e in view if e.type != "run_done"}) == list(range(run.step + 1))
     assert not redis_client.exists(keys.lease(run_id)), "the run ended; the lease went with it"
+
+
+def test_a_step_done_event_rides_with_the_renewal_that_lets_the_step_go_on(store, redis_client, monkeypatch):
+    """The check before checkpoint B renews the lease in one round trip; the step's step_done event goes
+    at its head instead of in a round trip of its own. Each step's step_done is in the stream once, before
+    the next step's events; only the last step (no renewal: the run ends) appends its own."""
+    run_id = submit_run("u-ride", QUERY)
+    alone: list[str] = []
+    real = events.Appends.send
+
+    def counted(self: events.Appends, client=None):  # type: ignore[no-untyped-def]
+        alone.extend(eid for eid, *_ in self.items)
+        return real(self, client)
+
+    monkeypatch.setattr(events.Appends, "send", counted)
+    assert deliver(run_id, None, lambda _r, s: None, inline=8) == "done"
+    steps = runs.get_run(run_id).step
+    done = [e for e in events.read(run_id) if e.type == "step_done"]
+    assert [e.eid for e in done] == [f"s{i}:done" for i in range(steps)], "each step's step_done, once, in order"
+    assert not [eid for eid in alone if eid in {e.eid for e in done}], "every step_done rode with its renewal"
+    order = [e.eid for e in events.read(run_id)]
+    for i in range(steps):
+        assert order.index(f"s{i}:done") < order.index(f"s{i + 1}:start")
+
+
+def test_a_refused_step_done_riding_with_the_renewal_fences_the_step_out(store, redis_client):
+    """A newer epoch owns the run: the step_done riding with the renewal is refused and FencedOut reaches
+    the step (fence_rejected), not swallowed as a failed inline check (which would hand over as if the
+    event were out). Nothing is appended."""
+    from fenced_core.errors import FencedOut
+    from fencing.epoch import raise_epoch
+    from fencing.lease import Lease
+
+    lease = Lease("r-ride", 60_000)
+    assert lease.acquire(0)
+    raise_epoch("r-ride", 5)
+    riding = events.Appends("r-ride", 4, [("s0:done", "step_done", 0, {"name": "plan"})])
+    with pytest.raises(FencedOut):
+        delivery._goes_on(lease, 0, 8, time.monotonic(), riding)
+    assert riding.ids is None and events.read("r-ride") == []
+    fresh = events.Appends("r-ride", 5, [("s0:done", "step_done", 0, {"name": "plan"})])
+    assert delivery._goes_on(lease, 0, 8, time.monotonic(), fresh) is True
+    assert fresh.ids and [e.eid for e in events.read("r-ride")] == ["s0:done"]
 
 
 def test_the_budget_spent_the_next_step_is_handed_over(store, redis_client):
