@@ -12,7 +12,7 @@ import redis
 
 from fenced_core.errors import FencedOut
 from fenced_core.settings import get_settings
-from fencing import keys, scripts
+from fencing import group_commit, keys, scripts
 from fencing.cluster import is_cluster
 from fencing.connection import client_for, get_redis
 from fencing.scripts import scripts_for
@@ -75,9 +75,10 @@ class Appends:
                          for eid, type_, step, data in self.items]
 
     def send(self, client: redis.Redis | None = None) -> list[str]:
-        """Append them in a round trip of their own; their stream ids."""
+        """Append them in a round trip of their own, or shared with other runs' appends in flight from
+        this process at the same moment (fencing.group_commit); their stream ids."""
         client = client or get_redis()
-        return self.settle(scripts_for(client).execute_all(client, self.calls()))
+        return self.settle(group_commit.send(client, self.calls()))
 
     def settle(self, replies: list[Any]) -> list[str]:
         replies = list(replies)

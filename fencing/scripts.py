@@ -70,7 +70,8 @@ class Scripts:
         pipe.execute_command("EVALSHA", self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args,
                              **options)
 
-    def execute(self, client: redis.Redis, build: Callable[[Pipeline], None]) -> list[Any]:
+    def execute(self, client: redis.Redis, build: Callable[[Pipeline], None],
+                raise_on_error: bool = True) -> list[Any]:
         """Run what `build(pipe)` queues in ONE round trip and return the replies.
 
         redis-py checks every script of a pipeline with SCRIPT EXISTS before each execute, a second
@@ -78,27 +79,31 @@ class Scripts:
         (a restart or SCRIPT FLUSH), every EVALSHA fails with NOSCRIPT and changes nothing: the scripts
         are loaded and the pipeline is built and sent once more. Callers queue only commands that are
         harmless to repeat (absolute SET/ZADD/ZREM), so the non-script commands running twice is fine.
+        With `raise_on_error` False, a command's error is its reply (the others' replies stand).
         """
         for attempt in (1, 2):
             pipe = client.pipeline(transaction=False)
             build(pipe)
             try:
-                return pipe.execute()
+                replies = pipe.execute(raise_on_error=raise_on_error)
             except NoScriptError:
                 if attempt == 2:
                     raise
-                for script in self._scripts.values():
-                    script.sha = client.script_load(script.script)
+            else:
+                if attempt == 2 or not any(isinstance(reply, NoScriptError) for reply in replies):
+                    return replies
+            for script in self._scripts.values():
+                script.sha = client.script_load(script.script)
         raise AssertionError("unreachable")
 
-    def execute_all(self, client: redis.Redis, calls: Sequence[Call]) -> list[Any]:
+    def execute_all(self, client: redis.Redis, calls: Sequence[Call], raise_on_error: bool = True) -> list[Any]:
         """Run `calls` in ONE round trip (as `execute`); their replies in order."""
 
         def build(pipe: Pipeline) -> None:
             for call in calls:
                 self.queue(pipe, call)
 
-        return self.execute(client, build) if calls else []
+        return self.execute(client, build, raise_on_error) if calls else []
 
 
 _registered: dict[int, Scripts] = {}

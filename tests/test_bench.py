@@ -110,3 +110,26 @@ def test_a_full_run_rewrites_its_sections_and_keeps_the_rest(tmp_path):
     assert "stale figures" not in text and "## Targets" in text
     assert text.count(KEPT) == 1 and text.count("## Written by hand\n\nkept text\n") == 1
     assert text.index("## Targets") < text.index(KEPT)
+
+
+def test_the_batching_benchmark_measures_appends_and_checkpoints_per_round_trip(mysql_store):
+    """`python -m bench.batching`: every append it times lands (the count in the streams is exact), its
+    keys are removed afterwards, and its checkpoint statements reach the server yet write nothing
+    (fenced on a run that does not exist)."""
+    from fencing.connection import get_redis
+    from tests.conftest import MYSQL_URL, REDIS_URL
+
+    proc = subprocess.run([sys.executable, "-m", "bench.batching", "--redis-url", REDIS_URL, "--db-url", MYSQL_URL,
+                           "--redis-batches", "1,4", "--sql-batches", "1,3", "--rounds", "2", "--repeat", "6"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Run i gets one append per batch of every size above i: a warm-up, then rounds x repeat batches.
+    assert result["redis"]["appended"] == 2 * (1 + 2 * 6) + 3 * (1 + 2 * 6)
+    assert set(result["redis"]["per_append_us"]) == {"1", "4"}
+    assert all(us > 0 for us in result["redis"]["per_append_us"].values())
+    assert set(result["sql"]["per_checkpoint_us"]) == {"1", "3"}
+    assert all(us > 0 for us in result["sql"]["per_checkpoint_us"].values())
+    assert result["sql"]["rows_matched"] == 0
+    assert get_redis().keys("*bench-batching-*") == []
+    assert "event appends, 4 per round trip" in proc.stderr
