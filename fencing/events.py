@@ -66,6 +66,8 @@ class Appends:
     items: list[tuple[str, str, int, dict[str, Any]]]
     raise_mirror: bool = False
     ids: list[str] | None = None  # the stream ids, once settled
+    # A round trip carrying them was sent and gave no reply (it failed): they may have landed.
+    unsettled: bool = False
 
     def calls(self) -> list[scripts.Call]:
         maxlen = get_settings().events_keep
@@ -76,9 +78,26 @@ class Appends:
 
     def send(self, client: redis.Redis | None = None) -> list[str]:
         """Append them in a round trip of their own, or shared with other runs' appends in flight from
-        this process at the same moment (fencing.group_commit); their stream ids."""
+        this process at the same moment (fencing.group_commit); their stream ids.
+
+        If a round trip that carried them failed (`unsettled`: a lost reply, or a Redis Cluster pipeline
+        whose other node failed after theirs ran), the stream is looked at first: when its newest entries
+        are these events under this epoch, they landed, and their ids are taken instead of appending
+        them twice (a run's appends are sequential, so nothing of this holder can follow them)."""
         client = client or get_redis()
+        if self.unsettled and self._landed(client):
+            return self.ids  # type: ignore[return-value]
         return self.settle(group_commit.send(client, self.calls()))
+
+    def _landed(self, client: redis.Redis) -> bool:
+        newest: list[tuple[str, dict[str, str]]] = client.xrevrange(  # type: ignore[assignment]
+            keys.events(self.run_id), count=len(self.items))
+        newest.reverse()
+        if [(f.get("eid"), f.get("epoch")) for _id, f in newest] != [(eid, str(self.epoch))
+                                                                     for eid, *_rest in self.items]:
+            return False
+        self.ids = [stream_id for stream_id, _f in newest]
+        return True
 
     def settle(self, replies: list[Any]) -> list[str]:
         replies = list(replies)

@@ -130,7 +130,12 @@ class Lease:
             elif exists is not None:
                 pipe.exists(exists)
 
-        replies = registered.execute(client, build)
+        try:
+            replies = registered.execute(client, build)
+        except Exception:
+            if appends is not None:  # sent, maybe run: whoever appends them next looks first (Appends.send)
+                appends.unsettled = True
+            raise
         if appends is not None:
             appends.settle(replies[:len(riding)])
             replies = replies[len(riding):]

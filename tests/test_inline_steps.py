@@ -108,6 +108,36 @@ def test_a_refused_step_done_riding_with_the_renewal_fences_the_step_out(store, 
     assert fresh.ids and [e.eid for e in events.read("r-ride")] == ["s0:done"]
 
 
+
+@pytest.mark.parametrize("ran", [True, False], ids=["ran, reply lost", "never ran"])
+def test_a_rider_whose_round_trip_failed_is_appended_once_by_the_step(redis_client, monkeypatch, ran):
+    """The renewal carrying step_done failed (RedisUnavailable: a lost reply, or on a Redis Cluster another
+    node of the pipeline failing after the append's node ran it): the inline check hands over, and the
+    step, appending the event itself, first looks whether it landed. It is in the stream once either way,
+    under the id the step records (the chaos checker's stream_duplicate found it twice before)."""
+    from fencing.connection import RedisUnavailable
+    from fencing.lease import Lease
+    from fencing.scripts import Scripts
+
+    lease = Lease("r-lost", 60_000)
+    assert lease.acquire(0)
+    real = Scripts.execute
+
+    def failing(self, client, build, raise_on_error=True):  # type: ignore[no-untyped-def]
+        if ran:
+            real(self, client, build, raise_on_error)
+        raise RedisUnavailable("Redis unavailable: ConnectionError: reply lost (test)")
+
+    riding = events.Appends("r-lost", 1, [("s0:done", "step_done", 0, {"name": "plan"})], raise_mirror=True)
+    monkeypatch.setattr(Scripts, "execute", failing)
+    assert delivery._goes_on(lease, 0, 8, time.monotonic(), riding) is False  # handed over the ordinary way
+    monkeypatch.setattr(Scripts, "execute", real)
+    assert riding.ids is None and riding.unsettled
+    ids = riding.send()  # what StepRunner.sent does with an event no round trip settled
+    stream = events.read("r-lost")
+    assert [e.eid for e in stream] == ["s0:done"]
+    assert ids == [stream[0].stream_id]
+
 def test_the_budget_spent_the_next_step_is_handed_over(store, redis_client):
     run_id = submit_run("u-budget", QUERY)
     sent: list[int] = []
