@@ -5,6 +5,7 @@ One place for the checks the demo, the tests and the chaos suite judge runs by.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +25,9 @@ CHECKS = {
     "paid_once": "one model call paid per step",
     "stream": "the live event view shows each recorded tool call once and one final answer",
 }
+# A run's terminal row commits first and its final event follows (tasks.endings): a verdict that reads
+# the stream in between waits up to this long for the final event, then judges the stream it has.
+FINAL_EVENT_GRACE_S = 5.0
 
 
 @dataclass
@@ -85,8 +89,10 @@ def _effects_problem(run_id: str, entries: list[Any]) -> tuple[int, str | None]:
     return len(created), None
 
 
-def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
-    """Judge one run against the promise; `check_events=False` when Redis lost the stream on purpose."""
+def check_run(run_id: str, *, check_events: bool = True,
+              final_event_grace_s: float = FINAL_EVENT_GRACE_S) -> RunVerdict:
+    """Judge one run against the promise; `check_events=False` when Redis lost the stream on purpose.
+    An ended run's stream is read again for up to `final_event_grace_s` until its final event is there."""
     run = runs.get_run(run_id)
     if run is None:
         return RunVerdict(run_id, failed={"done": "run row missing"})
@@ -98,7 +104,7 @@ def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
     entries = ledger.history(run_id)
     takeovers = [e for e in entries if e.kind == "takeover"]
     finished = next((e for e in entries if e.kind in ("done", "failed", "dead")), None)
-    stream = events.read(run_id)
+    stream = read_stream(run_id, run.state, final_event_grace_s if check_events else 0.0)
     cart_calls = {c["id"] for h in decisions for c in h["tool_calls"] if c["name"] == "add_to_cart"}
     v = RunVerdict(
         run_id, run.query, run.kind, run.state, len(history), run.model_calls,
@@ -128,6 +134,17 @@ def check_run(run_id: str, *, check_events: bool = True) -> RunVerdict:
         if problem:
             v.failed["stream"] = problem
     return v
+
+
+def read_stream(run_id: str, state: str, grace_s: float) -> list[events.Event]:
+    """The run's stream; for a run that ended (`state` has a final event), read again for up to
+    `grace_s` until it holds a final event, which the ending appends after its commit."""
+    deadline = time.monotonic() + (grace_s if state in events.FINAL_EVENTS else 0.0)
+    while True:
+        stream = events.read(run_id)
+        if any(e.type in events.FINAL_TYPES for e in stream) or time.monotonic() >= deadline:
+            return stream
+        time.sleep(0.05)
 
 
 def _stream_problem(history: list[dict[str, Any]], view: list[events.Event], state: str) -> str | None:

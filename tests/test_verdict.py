@@ -3,12 +3,16 @@ effect created once per request key, and kept in the effects table. Runs driven 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import sqlalchemy as sa
 
 import tests.apps.pipeline  # noqa: F401 - registers the FencedTask the runs use
 from checkpoints import ledger
 from checkpoints.db import transaction
 from checkpoints.schema import effects
+from fencing import events, keys
 from harness.verdict import check_run, effect_keys
 from tasks.delivery import deliver
 from tests.apps.pipeline import checkout
@@ -46,3 +50,30 @@ def test_an_effect_whose_record_is_gone_fails_the_verdict(store, redis_client):
         conn.execute(sa.delete(effects).where(effects.c.run_id == run_id))
     v = check_run(run_id)
     assert "not recorded" in v.failed.get("effects", ""), v.failures
+
+
+def test_the_verdict_waits_for_a_final_event_that_follows_the_terminal_commit(store, redis_client):
+    """The ending commits the row, then appends the final event: a verdict read between the two (the CI
+    failure of 2026-12-03: `0 run_done events`) reads the stream again and judges what follows."""
+    run_id = _run_to_done("order-v4")
+    (done,) = [e for e in events.read(run_id) if e.type == "run_done"]
+    redis_client.xdel(keys.events(run_id), done.stream_id)
+    assert check_run(run_id, final_event_grace_s=0).failed.get("stream") == "0 run_done events in the live view"
+    late = threading.Timer(0.5, lambda: events.append(run_id, done.epoch, done.eid, done.type, done.step,
+                                                      done.data))
+    late.start()
+    try:
+        v = check_run(run_id, final_event_grace_s=5)
+    finally:
+        late.join()
+    assert v.ok, v.failures
+
+
+def test_a_final_event_that_never_comes_still_fails_the_verdict(store, redis_client):
+    run_id = _run_to_done("order-v5")
+    (done,) = [e for e in events.read(run_id) if e.type == "run_done"]
+    redis_client.xdel(keys.events(run_id), done.stream_id)
+    started = time.monotonic()
+    v = check_run(run_id, final_event_grace_s=0.5)
+    assert v.failed.get("stream") == "0 run_done events in the live view", v.failures
+    assert time.monotonic() - started >= 0.5  # it did wait before judging
