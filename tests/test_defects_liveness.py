@@ -16,6 +16,7 @@ from checkpoints.runs import Usage
 from fenced_core.errors import FencedOut, InvalidRequest
 from fencing import epoch, events, faults, keys, liveness, reaper
 from fencing.lease import Lease
+from harness.verdict import FINAL_EVENT_GRACE_S, read_stream
 from tasks import submit_run
 from tests.workers_fixture import wait_for, wait_terminal
 
@@ -56,7 +57,7 @@ def test_a_hung_step_is_taken_over_after_the_step_timeout_and_fenced_out_when_it
     # The hung thread wakes after 6 s and must be refused at its next write.
     wait_for(lambda: any(e.kind == "fence_rejected" and e.actor == timeouts[0].actor
                          for e in ledger.history(run_id)), 15, "the woken thread to be fenced out")
-    view = events.live_view(events.read(run_id))
+    view = events.live_view(read_stream(run_id, "done", FINAL_EVENT_GRACE_S))  # the event follows the row
     assert [e.type for e in view].count("run_done") == 1
 
 
@@ -72,7 +73,8 @@ def test_a_step_that_hangs_at_every_delivery_is_dead_lettered(workers):
     assert run.state == "dead", run.error
     assert "claimed 3 times" in (run.error or "")
     assert sum(e.kind == "step_timeout" for e in ledger.history(run_id)) == 3
-    assert events.read(run_id)[-1].type == "run_dead", "every terminal state ends the stream"
+    assert read_stream(run_id, "dead", FINAL_EVENT_GRACE_S)[-1].type == "run_dead", (
+        "every terminal state ends the stream")
 
 
 # -- 2. waiting on a person is no failed delivery ---------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 
 from checkpoints import ledger
 from fencing import events
+from harness.verdict import FINAL_EVENT_GRACE_S, read_stream
 from harness.workers import REPO_ROOT
 from tasks import submit_run
 from tests.extras import require_extra
@@ -56,5 +57,5 @@ def test_runs_finish_on_a_gevent_worker(workers):
     for run_id in run_ids:
         kinds = [e.kind for e in ledger.history(run_id)]
         assert "lease_lost" not in kinds and "takeover" not in kinds, kinds
-        view = events.live_view(events.read(run_id))
+        view = events.live_view(read_stream(run_id, "done", FINAL_EVENT_GRACE_S))  # the event follows the row
         assert [e.type for e in view].count("run_done") == 1
