@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from fenced_core import jsonbytes
 from fenced_core.errors import FencedOut
 from fenced_core.settings import get_settings
 from fencing import group_commit, keys, scripts
@@ -36,7 +37,7 @@ class Event:
 
     def fields(self) -> list[str]:
         return ["eid", self.eid, "type", self.type, "step", str(self.step), "epoch", str(self.epoch),
-                "data", json.dumps(self.data, separators=(",", ":"), sort_keys=True)]
+                "data", jsonbytes.dumps(self.data).decode()]
 
 
 def append(run_id: str, epoch: int, eid: str, type_: str, step: int, data: dict[str, Any] | None = None,

@@ -1,0 +1,78 @@
+"""fenced_core.jsonbytes: orjson's bytes where they read back as exactly the value, the standard library's
+otherwise, so a checkpoint or an event keeps every value's meaning (issue 17 moved the hot path to it)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from checkpoints import codec
+from fenced_core import jsonbytes
+
+STDLIB = {"separators": (",", ":"), "sort_keys": True}
+
+# What JSON can hold, as Python gives it to us: any float (NaN and infinities too), any integer.
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, NaN equal to NaN, and of the same types all the way down (1 is not 1.0 or True)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or a == b  # type: ignore[arg-type]
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)  # type: ignore[attr-defined,index]
+    return a == b
+
+
+@given(values)
+def test_what_is_written_reads_back_as_the_standard_librarys_bytes_do(value: object) -> None:
+    assert _same(json.loads(jsonbytes.dumps(value)), json.loads(json.dumps(value, **STDLIB)))
+
+
+@pytest.mark.parametrize("value, stdlib_bytes", [
+    ({"score": float("nan")}, b'{"score":NaN}'),  # orjson would write null
+    ({"x": float("inf"), "y": -float("inf")}, b'{"x":Infinity,"y":-Infinity}'),
+    ({"big": 2**70}, b'{"big":1180591620717411303424}'),  # orjson refuses it (and its reader makes a float)
+    ({"neg": -(2**63) - 1}, b'{"neg":-9223372036854775809}'),
+    ({"s": "\ud800"}, b'{"s":"\\ud800"}'),  # a lone surrogate: orjson refuses it
+    ({"t": (1, 2)}, b'{"t":[1,2]}'),  # a tuple reads back as a list: not equal, so the standard library's
+    ({3: "x"}, b'{"3":"x"}'),  # an integer key reads back as a string
+])
+def test_values_orjson_would_change_are_written_by_the_standard_library(value: object, stdlib_bytes: bytes) -> None:
+    assert jsonbytes.dumps(value) == stdlib_bytes
+
+
+@pytest.mark.parametrize("value", [datetime.datetime(2026, 12, 3, 12, 0), uuid.UUID(int=7), {1j: 1}, {"o": object()},
+                                   {3: "x", "a": "y"}])
+def test_what_the_standard_library_refuses_is_refused_still(value: object) -> None:
+    """orjson writes datetimes and UUIDs as strings (a checkpoint would read back another type) and sorts
+    mixed integer and string keys, which the standard library cannot."""
+    with pytest.raises(TypeError):
+        jsonbytes.dumps(value)
+
+
+def test_plain_data_takes_orjsons_bytes_sorted_and_compact() -> None:
+    value = {"b": [1, 2.5, None, True], "a": {"z": "é", "y": "line\n"}}
+    out = jsonbytes.dumps(value)
+    assert out == '{"a":{"y":"line\\n","z":"é"},"b":[1,2.5,null,true]}'.encode()
+    assert out != json.dumps(value, **STDLIB).encode()  # the standard library escapes é: these are orjson's
+
+
+def test_a_checkpoint_blob_round_trips_exactly() -> None:
+    checkpoint = {"history": [{"step": 0, "results": {"c1": [{"price": 19.99, "name": "Kettle — 1.7 l"}]}}],
+                  "decision": {"answer": None, "score": float("nan")}}
+    back = codec.decode(codec.encode(checkpoint))
+    assert _same(back, checkpoint)
