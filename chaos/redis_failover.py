@@ -93,7 +93,8 @@ def _judge_round(result: ScenarioResult, failover: Failover, ids: list[str], in_
         if claims:
             result.latency("takeover (kill -> next claim)", min(claims) - failover.killed_ms)
     swept = [r for r in ids if any(_rescue_after(r, failover.killed_ms))]
-    lost_views = [r for r in ids if check_run(r, check_events=True).failed.get("stream")]
+    # A final event lost with the primary never comes: a second is ample for one still on its way.
+    lost_views = [r for r in ids if check_run(r, check_events=True, final_event_grace_s=1.0).failed.get("stream")]
     result.notes.append(
         f"failover {failover.old[1]} -> {failover.new and failover.new[1]}: {len(in_flight)} runs in flight, "
         f"{len(held)} held; {len(swept)} rescued by the sweeper ('{SWEEPER_RESCUE} ...'); {len(lost_views)} live "
