@@ -18,7 +18,7 @@ from fencing import admission, keys
 from fencing.connection import get_redis
 from fencing.fairness import promote_large, run_id_of
 from tasks import queues, submit_run
-from tests.workers_fixture import wait_terminal
+from tests.workers_fixture import wait_for, wait_terminal
 
 QUEUES = (queues.NORMAL, queues.LARGE)
 
@@ -196,7 +196,8 @@ def test_slots_come_back_when_runs_end(workers, limits):
            submit_run("u1", "laptop [transient:99]")]
     ended = wait_terminal(ids, timeout=30)
     assert [r.state for r in ended] == ["done", "failed", "dead"]
-    assert slots(get_redis(), "u1") == []
+    # Each slot goes back right after its run's terminal commit, which wait_terminal sees first.
+    wait_for(lambda: slots(get_redis(), "u1") == [], 10, "every slot of u1 to come back")
 
 
 def test_a_wakeup_for_a_finished_run_releases_its_slot(mysql_store, redis_client):

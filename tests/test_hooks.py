@@ -14,13 +14,20 @@ from fencing.connection import get_redis
 from harness.verdict import check_run
 from tasks import hooks, submit_run
 from tests.apps.hooks_app import CALLS_KEY
-from tests.workers_fixture import wait_terminal
+from tests.workers_fixture import wait_for, wait_terminal
 
 APP = "tests.apps.hooks_app"
 
 
 def calls(run_id: str) -> list[dict[str, Any]]:
     return [c for c in (json.loads(x) for x in get_redis().lrange(CALLS_KEY, 0, -1)) if c["run_id"] == run_id]
+
+
+def calls_through_on_finished(run_id: str) -> list[dict[str, Any]]:
+    """The run's hook calls once on_finished is among them: the ending calls it after the terminal commit
+    that `wait_terminal` sees, and after the final event."""
+    return wait_for(lambda: [c for c in calls(run_id) if c["hook"] == "on_finished"] and calls(run_id), 10,
+                    "on_finished to be called")
 
 
 def test_every_hook_of_a_run_is_called_and_a_raising_hook_leaves_it_done(workers):
@@ -30,14 +37,15 @@ def test_every_hook_of_a_run_is_called_and_a_raising_hook_leaves_it_done(workers
     assert run.state == "done", "a hook that raises must never break the run"
     v = check_run(run_id)
     assert v.ok, v.failures
-    seen = calls(run_id)
+    seen = calls_through_on_finished(run_id)
     names = [c["hook"] for c in seen]
     assert names[0] == "on_claim" and names[-1] == "on_finished", names
     assert seen[-1]["state"] == "done"
     assert names.count("on_claim") == run.step + 1, "one claim per step (each step its own delivery)"
     assert [c["step"] for c in seen if c["hook"] == "on_step_done"] == list(range(run.step)), names
     assert "on_takeover" not in names
-    log = w.log_path.read_text()
+    log = wait_for(lambda: "hook on_finished broke" in w.log_path.read_text() and w.log_path.read_text(), 10,
+                   "the raising on_finished to be logged")
     assert "hook_failed" in log and "hook on_finished broke" in log, "a raising hook is logged"
     assert any("hook_failed" in line and run_id in line and "epoch" in line for line in log.splitlines()), \
         "the failure names the run and its epoch"
@@ -53,7 +61,7 @@ def test_a_run_taken_over_after_a_kill_shows_on_takeover(workers):
     workers.by_pid(hit[2]).kill(signal.SIGKILL)
     [run] = wait_terminal([run_id], timeout=40)
     assert run.state == "done"
-    seen = calls(run_id)
+    seen = calls_through_on_finished(run_id)
     takeovers = [c for c in seen if c["hook"] == "on_takeover"]
     assert len(takeovers) == 1, [c["hook"] for c in seen]
     t = takeovers[0]
