@@ -26,8 +26,8 @@ def calls(run_id: str) -> list[dict[str, Any]]:
 def calls_through_on_finished(run_id: str) -> list[dict[str, Any]]:
     """The run's hook calls once on_finished is among them: the ending calls it after the terminal commit
     that `wait_terminal` sees, and after the final event."""
-    return wait_for(lambda: [c for c in calls(run_id) if c["hook"] == "on_finished"] and calls(run_id), 10,
-                    "on_finished to be called")
+    return wait_for(lambda: (seen := calls(run_id)) and any(c["hook"] == "on_finished" for c in seen) and seen,
+                    10, "on_finished to be called")
 
 
 def test_every_hook_of_a_run_is_called_and_a_raising_hook_leaves_it_done(workers):
@@ -44,7 +44,7 @@ def test_every_hook_of_a_run_is_called_and_a_raising_hook_leaves_it_done(workers
     assert names.count("on_claim") == run.step + 1, "one claim per step (each step its own delivery)"
     assert [c["step"] for c in seen if c["hook"] == "on_step_done"] == list(range(run.step)), names
     assert "on_takeover" not in names
-    log = wait_for(lambda: "hook on_finished broke" in w.log_path.read_text() and w.log_path.read_text(), 10,
+    log = wait_for(lambda: (text := w.log_path.read_text()) and "hook on_finished broke" in text and text, 10,
                    "the raising on_finished to be logged")
     assert "hook_failed" in log and "hook on_finished broke" in log, "a raising hook is logged"
     assert any("hook_failed" in line and run_id in line and "epoch" in line for line in log.splitlines()), \
