@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from fenced_core import jsonbytes
@@ -23,9 +24,13 @@ READABLE = (1, 2)
 ZLIB_LEVEL = 3
 
 
-def encode(checkpoint: dict[str, Any]) -> bytes:
-    """The blob of `checkpoint`: its JSON (fenced_core.jsonbytes: orjson's bytes when exact), compressed."""
-    return zlib.compress(jsonbytes.dumps({"v": VERSION, **checkpoint}), ZLIB_LEVEL)
+def encode(checkpoint: dict[str, Any], *, encoded: tuple[str, Sequence[bytes]] | None = None) -> bytes:
+    """The blob of `checkpoint`: its JSON (fenced_core.jsonbytes: orjson's bytes when exact), compressed.
+    `encoded` = (key, items): one more list of the checkpoint, its items given as their JSON bytes."""
+    body = {"v": VERSION, **checkpoint}
+    if encoded is None:
+        return zlib.compress(jsonbytes.dumps(body), ZLIB_LEVEL)
+    return zlib.compress(jsonbytes.dumps_with_list(body, *encoded), ZLIB_LEVEL)
 
 
 def decode(blob: bytes | None) -> dict[str, Any]:

@@ -12,6 +12,11 @@ the whole history and no `history_sealed`: they read as they are and are split o
 A segment's content is fixed once written: its entries precede the checkpoint that sealed it, and a
 later holder resumes from that checkpoint or a later one. A retried transaction rewrites the same
 segment (delete + insert by its key), so a lost commit reply cannot duplicate one.
+
+An entry is fixed once recorded, in the tail as in a segment: `EntryBytes` encodes each entry once for
+all the writes of one delivery (a step writes two checkpoints, and an inline delivery several steps), so
+a write encodes only what is new since the last one. A program that changes a recorded entry in place
+afterwards changes nothing stored; one that puts a new object at a position has it encoded.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from sqlalchemy import Connection
 
 from checkpoints import codec
 from checkpoints.schema import run_history
+from fenced_core import jsonbytes
 
 SEGMENT = 16
 SEALED = "history_sealed"
@@ -39,19 +45,48 @@ class Stored:
     sealed: int = 0
 
 
-def store(checkpoint: dict[str, Any], sealed: int) -> Stored:
+class EntryBytes:
+    """Each history entry's JSON (fenced_core.jsonbytes), encoded once for the writes that follow: the
+    bytes at a position are reused while the same object (identity, not equality) stands there."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, tuple[Any, bytes]] = {}
+
+    def __len__(self) -> int:
+        """How many entries' bytes it holds (at most a segment's and a tail's: sealed ones are forgotten)."""
+        return len(self._at)
+
+    def of(self, entries: list[Any], start: int, stop: int) -> list[bytes]:
+        """The JSON of entries[start:stop], one bytes each; positions before `start` are forgotten."""
+        for i in [i for i in self._at if i < start]:
+            del self._at[i]
+        out = []
+        for i in range(start, stop):
+            known = self._at.get(i)
+            if known is None or known[0] is not entries[i]:
+                known = self._at[i] = (entries[i], jsonbytes.dumps(entries[i]))
+            out.append(known[1])
+        return out
+
+
+def store(checkpoint: dict[str, Any], sealed: int, entries: EntryBytes | None = None) -> Stored:
     """Split `checkpoint` (whose "history" is the whole history) given `sealed` entries already stored in
-    segments: every complete segment not yet stored is sealed now; the blob keeps the open tail."""
+    segments: every complete segment not yet stored is sealed now; the blob keeps the open tail.
+    `entries`: the bytes of entries encoded by earlier writes (a new EntryBytes when not given)."""
     history: list[Any] = list(checkpoint.get("history", []))
     if sealed % SEGMENT or sealed > len(history):
         raise ValueError(f"history_sealed={sealed} does not fit a history of {len(history)} entries")
+    entries = EntryBytes() if entries is None else entries
     complete = len(history) // SEGMENT * SEGMENT
-    segments = [(start // SEGMENT, codec.encode({"entries": history[start:start + SEGMENT]}))
+    segments = [(start // SEGMENT, codec.encode({}, encoded=("entries", entries.of(history, start, start + SEGMENT))))
                 for start in range(sealed, complete, SEGMENT)]
-    body = {k: v for k, v in checkpoint.items() if k not in (WHOLE, SEALED)}
+    body = {k: v for k, v in checkpoint.items() if k not in (WHOLE, SEALED, "history")}
     if complete:  # a run shorter than one segment stores its checkpoint exactly as given
-        body.update({"history": history[complete:], SEALED: complete})
-    return Stored(codec.encode(body), segments, complete)
+        body[SEALED] = complete
+    if "history" not in checkpoint:
+        return Stored(codec.encode(body), segments, complete)
+    return Stored(codec.encode(body, encoded=("history", entries.of(history, complete, len(history)))),
+                  segments, complete)
 
 
 def sealed_of(checkpoint: dict[str, Any]) -> int:

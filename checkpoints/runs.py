@@ -126,6 +126,10 @@ _RAW_TERMINAL = (
     "UPDATE run_checkpoints SET state = %s, phase = 'done', checkpoint = %s, owner = NULL, answer = %s, "
     "error_class = %s, error = %s, last_event_id = %s, finished_at_ms = %s, updated_at_ms = %s "
     f"WHERE {_RAW_FENCE}; {billing.RAW_HOLD_LOCKED}")
+# A history segment a checkpoint seals (checkpoints.history), in the checkpoint's own query before its
+# COMMIT: replaced by its key as write_segments_txn does, and only if the fenced UPDATE matched.
+_RAW_SEGMENT_IF = ("DELETE FROM run_history WHERE run_id = %s AND seq = %s AND {0}; "
+                   "INSERT INTO run_history (run_id, seq, body) SELECT %s, %s, %s FROM DUAL WHERE {0}; ")
 _RAW_END_ATTEMPT = "UPDATE run_attempts SET ended_at_ms = %s, outcome = %s, error = %s WHERE id = %s"
 _RAW_OWN_ATTEMPT = "SELECT id FROM run_attempts WHERE run_id = %s AND epoch = %s AND worker = %s"
 
@@ -187,6 +191,8 @@ class Claim:
     deliveries: int
     total_deliveries: int  # the row's total_deliveries once claimed (what an inline claim counts on from)
     notes: dict[str, Any] = field(default_factory=dict)
+    # The history entries this delivery's writes encoded, reused by its later writes (checkpoints.history).
+    entry_bytes: history.EntryBytes = field(default_factory=history.EntryBytes, repr=False, compare=False)
 
 
 def new_run_id() -> str:
@@ -547,10 +553,21 @@ def _raw_fenced(cur: Any, c: Claim, what: str, sql: str, params: tuple[Any, ...]
         raise FencedOut(c.run.run_id, c.epoch, what)
 
 
+def _sealing(sql: str, params: tuple[Any, ...], run_id: str, stored: history.Stored,
+             condition: str = "@fenced = 1") -> tuple[str, tuple[Any, ...]]:
+    """One of the one-round-trip transactions above (ending in COMMIT) with the segments `stored` seals
+    written before its COMMIT, if `condition` (the fence) holds; their parameters follow all of its own."""
+    if not stored.segments:
+        return sql, params
+    extra = [v for seq, blob in stored.segments for v in (run_id, seq, run_id, seq, blob)]
+    segments = _RAW_SEGMENT_IF.format(condition) * len(stored.segments)
+    return sql.removesuffix("COMMIT") + segments + "COMMIT", (*params, *extra)
+
+
 def _store(c: Claim, checkpoint: dict[str, Any]) -> history.Stored:
     """The blob a write of `checkpoint` stores in the row (the history's open tail) and the history
     segments it seals (checkpoints.history: a write stays bounded however long the run)."""
-    return history.store(checkpoint, history.sealed_of(c.run.checkpoint))
+    return history.store(checkpoint, history.sealed_of(c.run.checkpoint), c.entry_bytes)
 
 
 def _sealed(c: Claim, stored: history.Stored) -> None:
@@ -562,12 +579,14 @@ def write_decided(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage,
     """Checkpoint A: the model's decision and the call's usage; a resume replays it, never re-calls."""
     stored = _store(c, checkpoint)
     blob = stored.blob
-    if one_trip() and not stored.segments:
+    if one_trip():
         now = now_ms()
-        in_raw_txn(_raw_fenced, c, f"checkpoint A of step {step}", _RAW_CHECKPOINT_A, (
+        in_raw_txn(_raw_fenced, c, f"checkpoint A of step {step}", *_sealing(_RAW_CHECKPOINT_A, (
             blob, usage.prompt_tokens, usage.completion_tokens, usage.model_calls, last_event_id, now,
             c.run.run_id, c.epoch,
-            step, c.epoch, "decided", c.token, usage.prompt_tokens, usage.completion_tokens, now, c.run.run_id))
+            step, c.epoch, "decided", c.token, usage.prompt_tokens, usage.completion_tokens, now, c.run.run_id),
+            c.run.run_id, stored))
+        _sealed(c, stored)
         return
 
     def txn(conn: Connection) -> None:
@@ -586,12 +605,13 @@ def write_step_done(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usag
     """Checkpoint B: every tool returned; the run moves to step + 1 and the holder lets go."""
     stored = _store(c, checkpoint)
     blob = stored.blob
-    if one_trip() and not stored.segments:
+    if one_trip():
         now = now_ms()
-        in_raw_txn(_raw_fenced, c, f"checkpoint B of step {step}", _RAW_CHECKPOINT_B, (
+        in_raw_txn(_raw_fenced, c, f"checkpoint B of step {step}", *_sealing(_RAW_CHECKPOINT_B, (
             step + 1, blob, last_event_id, now, c.run.run_id, c.epoch,
             step, c.epoch, "done", c.token, usage.prompt_tokens, usage.completion_tokens, now, c.run.run_id,
-            now, c.attempt_id))
+            now, c.attempt_id), c.run.run_id, stored))
+        _sealed(c, stored)
         return
 
     def txn(conn: Connection) -> None:
@@ -631,26 +651,28 @@ def write_step_done_and_claim(c: Claim, step: int, checkpoint: dict[str, Any], u
     plan = _plan_claim(after_b, inline=True)
     after_b.updated_at_ms = plan.now
     what = f"checkpoint B of step {step} with the inline claim of step {step + 1}"
-    if one_trip() and not stored.segments:
-        attempt_id = in_raw_txn(_step_done_and_claim_raw, c, step, stored.blob, usage, last_event_id, plan, what)
+    if one_trip():
+        attempt_id = in_raw_txn(_step_done_and_claim_raw, c, step, stored, usage, last_event_id, plan, what)
     else:
         attempt_id = in_txn(_step_done_and_claim_txn, c, step, stored, usage, last_event_id, plan, what)
     _sealed(c, stored)
-    return _claim_of(after_b, plan, c.token, attempt_id)
+    claimed = _claim_of(after_b, plan, c.token, attempt_id)
+    claimed.entry_bytes = c.entry_bytes  # the same entries, written on by the same delivery
+    return claimed
 
 
-def _step_done_and_claim_raw(cur: Any, c: Claim, step: int, blob: bytes, usage: Usage, last_event_id: str,
-                             plan: _ClaimPlan, what: str) -> int:
+def _step_done_and_claim_raw(cur: Any, c: Claim, step: int, stored: history.Stored, usage: Usage,
+                             last_event_id: str, plan: _ClaimPlan, what: str) -> int:
     """write_step_done_and_claim's transaction in one round trip (MySQL/MariaDB); the next attempt's id."""
     run_id = c.run.run_id
-    cur.execute(_RAW_CHECKPOINT_B_CLAIM, (
-        step + 1, blob, plan.epoch, c.token, plan.deliveries, plan.total_deliveries, last_event_id, plan.now,
+    cur.execute(*_sealing(_RAW_CHECKPOINT_B_CLAIM, (
+        step + 1, stored.blob, plan.epoch, c.token, plan.deliveries, plan.total_deliveries, last_event_id, plan.now,
         run_id, c.epoch,
         step, c.epoch, "done", c.token, usage.prompt_tokens, usage.completion_tokens, plan.now, run_id,
         plan.now, c.attempt_id,
         run_id, step + 1, plan.epoch, c.token, plan.now,
         run_id, plan.now, plan.epoch, c.token, plan.kind, plan.reason, json.dumps(plan.detail, sort_keys=True,
-                                                                                 default=str)))
+                                                                                 default=str)), run_id, stored))
     out = results(cur)
     if out[0][0] == 1:
         return int(out[4][1])
@@ -663,7 +685,7 @@ def _step_done_and_claim_raw(cur: Any, c: Claim, step: int, blob: bytes, usage: 
 
 def _step_done_and_claim_txn(conn: Connection, c: Claim, step: int, stored: history.Stored, usage: Usage,
                              last_event_id: str, plan: _ClaimPlan, what: str) -> int:
-    """write_step_done_and_claim's transaction through SQLAlchemy Core (SQLite; sealed segments)."""
+    """write_step_done_and_claim's transaction through SQLAlchemy Core (SQLite)."""
     run_id = c.run.run_id
     values = {"step": step + 1, "phase": "done", "checkpoint": stored.blob, "epoch": plan.epoch, "owner": c.token,
               "deliveries": plan.deliveries, "total_deliveries": plan.total_deliveries,
@@ -689,8 +711,10 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
     """The terminal transaction: final row, settlement and ledger in ONE fenced commit; returns the charge."""
     stored = _store(c, checkpoint)
     blob = stored.blob
-    if one_trip() and not stored.segments:
-        return in_raw_txn(_finish_raw, c, state, blob, usage, last_event_id, answer, error_class, error)
+    if one_trip():
+        charge = in_raw_txn(_finish_raw, c, state, stored, usage, last_event_id, answer, error_class, error)
+        _sealed(c, stored)
+        return charge
 
     def txn(conn: Connection) -> int | None:
         now = now_ms()
@@ -705,10 +729,12 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
         _end_attempt_txn(conn, c.attempt_id, state, error)
         return charge
 
-    return in_txn(txn)
+    charge = in_txn(txn)
+    _sealed(c, stored)
+    return charge
 
 
-def _finish_raw(cur: Any, c: Claim, state: str, blob: bytes, usage: Usage, last_event_id: str,
+def _finish_raw(cur: Any, c: Claim, state: str, stored: history.Stored, usage: Usage, last_event_id: str,
                 answer: str | None, error_class: str | None, error: str | None) -> int | None:
     """finish's transaction in two round trips (MySQL/MariaDB): the fenced terminal UPDATE with the hold
     read locked; then the settlement (billing.settle_raw), the ledger entry, the attempt closed and the
@@ -719,8 +745,8 @@ def _finish_raw(cur: Any, c: Claim, state: str, blob: bytes, usage: Usage, last_
         raise IllegalTransition(f"{what}: running -> {state} is not a run state change (checkpoints.runs.TRANSITIONS)")
     now = now_ms()
     run_id = c.run.run_id
-    cur.execute(_RAW_TERMINAL, (state, blob, answer, error_class, error, last_event_id, now, now, run_id, c.epoch,
-                                run_id))
+    cur.execute(_RAW_TERMINAL, (state, stored.blob, answer, error_class, error, last_event_id, now, now, run_id,
+                                c.epoch, run_id))
     out = results(cur)
     if out[0][0] != 1:
         raise FencedOut(run_id, c.epoch, what)
@@ -731,7 +757,8 @@ def _finish_raw(cur: Any, c: Claim, state: str, blob: bytes, usage: Usage, last_
     statements += [ledger.RAW_INSERT, _RAW_END_ATTEMPT, "COMMIT"]
     params += [*ledger.raw_params(run_id, c.epoch, c.token, state, reason, {"charge": charge}),
                now, state, error, c.attempt_id]
-    cur.execute("; ".join(statements), tuple(params))
+    # The fenced UPDATE above matched and holds the row: the segments need no condition of their own.
+    cur.execute(*_sealing("; ".join(statements), tuple(params), run_id, stored, condition="TRUE"))
     results(cur)
     return charge
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,47 @@ def test_each_write_carries_less_than_a_segment_and_seals_each_segment_once():
         seals += [seq for seq, _ in stored.segments]
         sealed = stored.sealed
     assert seals == [0, 1, 2], "every complete segment sealed exactly once, in order"
+
+
+def test_a_delivery_encodes_each_entry_once_across_its_writes(monkeypatch):
+    """A step writes two checkpoints and an inline delivery several steps: with the delivery's EntryBytes,
+    each write encodes only the entries that are new since the last (what it stores reads back the same)."""
+    from fenced_core import jsonbytes
+
+    encoded: list[object] = []
+    real = jsonbytes.dumps
+
+    def counted(value: object) -> bytes:
+        encoded.append(value)
+        return real(value)
+
+    monkeypatch.setattr(jsonbytes, "dumps", counted)
+    entries, sealed, whole = history.EntryBytes(), 0, _entries(40)
+    for n in range(40):
+        for decision in ({"name": f"d{n}"}, None):  # checkpoint A (with its decision), then checkpoint B
+            encoded.clear()
+            cp: dict[str, Any] = {"history": whole[:n + (decision is None)]}
+            if decision:
+                cp["decision"] = decision
+            stored = history.store(cp, sealed, entries)
+            new = [e for e in encoded if e in whole]
+            assert new == ([] if decision else [whole[n]]), f"step {n}: encoded {new}"
+            body = codec.decode(stored.blob)
+            assert body["history"] == cp["history"][stored.sealed:] and body.get("decision") == decision
+            for seq, blob in stored.segments:
+                assert codec.decode(blob)["entries"] == whole[seq * history.SEGMENT:(seq + 1) * history.SEGMENT]
+            sealed = stored.sealed
+            assert len(entries) == len(cp["history"]) - sealed, "entries sealed in a segment are forgotten"
+    assert sealed == 32
+
+
+def test_an_entry_is_fixed_once_encoded_and_a_new_object_at_its_place_is_encoded():
+    entries, hist = history.EntryBytes(), _entries(3)
+    history.store({"history": hist}, 0, entries)
+    hist[1]["name"] = "changed in place"  # a recorded entry is a record: the stored one stays as first written
+    hist[2] = {"step": 2, "name": "a new object"}
+    body = codec.decode(history.store({"history": hist}, 0, entries).blob)
+    assert [e["name"] for e in body["history"]] == ["s0", "s1", "a new object"]
 
 
 def test_a_version_1_checkpoint_is_split_on_its_next_write():

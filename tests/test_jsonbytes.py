@@ -76,3 +76,19 @@ def test_a_checkpoint_blob_round_trips_exactly() -> None:
                   "decision": {"answer": None, "score": float("nan")}}
     back = codec.decode(codec.encode(checkpoint))
     assert _same(back, checkpoint)
+
+
+@given(st.dictionaries(st.text(max_size=6).filter(lambda k: k != "items"), values, max_size=4),
+       st.lists(values, max_size=5))
+def test_a_list_given_encoded_reads_back_as_if_encoded_with_the_rest(rest: dict, items: list) -> None:
+    """checkpoints.history splices each entry's bytes into the checkpoint instead of encoding them again."""
+    spliced = jsonbytes.dumps_with_list(rest, "items", [jsonbytes.dumps(i) for i in items])
+    assert _same(json.loads(spliced), json.loads(jsonbytes.dumps({**rest, "items": items})))
+
+
+def test_a_list_given_encoded_beside_a_value_orjson_would_change() -> None:
+    out = jsonbytes.dumps_with_list({"score": float("nan")}, "h", [jsonbytes.dumps({"a": 2**70})])
+    assert out == b'{"h":[{"a":1180591620717411303424}],"score":NaN}'
+    assert jsonbytes.dumps_with_list({"b": 1}, "a", [b'{"x":1}', b"2"]) == b'{"a":[{"x":1},2],"b":1}'
+    with pytest.raises(ValueError, match="'a' is both"):
+        jsonbytes.dumps_with_list({"a": 1}, "a", [])

@@ -2,7 +2,7 @@
 checkpoint B followed by a claim of the next step would, its claim (planned from what B writes, not read
 back) is the row as that claim would have read it, a holder fenced out writes nothing, and a transaction
 retried after its first commit landed returns the claim it made. On MariaDB both the one-round-trip
-statement and the SQLAlchemy path (SQLite's, and a write that seals a history segment) are checked."""
+statement (segments a write seals included) and the SQLAlchemy path (SQLite's) are checked."""
 
 from __future__ import annotations
 
@@ -86,6 +86,8 @@ def test_it_writes_checkpoint_b_and_the_claim_and_its_claim_is_the_row_as_read(p
         open_attempt = conn.execute(sa.select(run_attempts.c.id).where(
             run_attempts.c.run_id == run_id, run_attempts.c.epoch == 2)).scalar_one()
     assert nxt.attempt_id == open_attempt and nxt.total_deliveries == row.total_deliveries
+    # The next step's writes reuse the history entries this delivery encoded (checkpoints.history.EntryBytes).
+    assert nxt.entry_bytes is c.entry_bytes
     as_read = dataclasses.replace(row, epoch=1, owner=None, deliveries=0, total_deliveries=1)
     assert dataclasses.asdict(nxt.run) == dataclasses.asdict(as_read)
 
@@ -163,3 +165,46 @@ def test_a_long_run_inline_seals_its_segments_and_ends_with_its_whole_history(pa
     assert sum(bool(e.detail.get("inline")) for e in claims) == 40 - 5
     assert check_run(run_id).ok, check_run(run_id).failed
     assert runs.one_trip() == (path == "one_trip")
+
+
+def _sixteen() -> dict[str, Any]:
+    """A checkpoint whose history fills the first segment: writing it seals segment 0."""
+    return {"history": [{"step": i, "name": f"s{i}", "results": {"c": [i] * 3}} for i in range(16)]}
+
+
+def _segments(run_id: str) -> list[tuple[int, list[str]]]:
+    from checkpoints import codec
+    from checkpoints.schema import run_history
+
+    with transaction(readonly=True) as conn:
+        return [(r.seq, [e["name"] for e in codec.decode(r.body)["entries"]]) for r in conn.execute(
+            sa.select(run_history).where(run_history.c.run_id == run_id).order_by(run_history.c.seq))]
+
+
+@pytest.mark.parametrize("write", ["checkpoint_b", "checkpoint_b_and_claim", "terminal"])
+def test_a_write_that_seals_a_segment_stores_it_with_its_checkpoint_or_not_at_all(path, write, monkeypatch):
+    """On MariaDB the segment goes in the checkpoint's own one-round-trip query, conditional on its fence;
+    a holder fenced out stores none. (The SQLAlchemy path writes it after its fenced UPDATE succeeded.)"""
+    def do(c: Claim, usage: Usage) -> None:
+        if write == "checkpoint_b":
+            runs.write_step_done(c, 0, _sixteen(), usage, "e-5")
+        elif write == "checkpoint_b_and_claim":
+            runs.write_step_done_and_claim(c, 0, _sixteen(), usage, "e-5")
+        else:
+            runs.finish(c, "done", _sixteen(), usage, "e-5", answer="ok")
+
+    if path == "one_trip":  # nothing of these writes may go the multi-round-trip way
+        monkeypatch.setattr(runs, "in_txn", lambda *a, **k: pytest.fail("a sealing write left the one-trip path"))
+    fenced, usage = _step_zero_decided(f"u-seal-out-{path}-{write}")[0::2]
+    lifecycle.cancel(fenced.run.run_id, "ops")  # its epoch moves on
+    with pytest.raises(FencedOut):
+        do(fenced, usage)
+    assert _segments(fenced.run.run_id) == [], "a holder fenced out sealed a segment"
+
+    c, usage = _step_zero_decided(f"u-seal-{path}-{write}")[0::2]
+    do(c, usage)
+    assert _segments(c.run.run_id) == [(0, [f"s{i}" for i in range(16)])]
+    run = runs.get_run(c.run.run_id)
+    assert run is not None and history.sealed_of(run.checkpoint) == 16
+    assert [h["name"] for h in run.checkpoint["history"]] == [f"s{i}" for i in range(16)]
+    assert c.run.checkpoint[history.SEALED] == 16, "the claim knows what is sealed for its next write"
