@@ -102,10 +102,14 @@ def test_a_holder_fenced_out_writes_nothing(path):
     assert (runs.get_run(run_id), _attempts(run_id), _step_rows(run_id), len(ledger.history(run_id))) == before
 
 
-def test_a_retry_after_the_first_commit_landed_returns_the_claim_it_made(path, monkeypatch):
+@pytest.mark.parametrize("seals", [False, True])
+def test_a_retry_after_the_first_commit_landed_returns_the_claim_it_made(path, monkeypatch, seals):
     """The commit landed but its reply was lost (the connection dropped): db_retry runs the transaction
-    again, its fenced UPDATE matches nothing (the epoch moved on: ours), and it finds its own attempt."""
-    c, checkpoint, usage = _step_zero_decided(f"u-retry-{path}")
+    again, its fenced UPDATE matches nothing (the epoch moved on: ours), and it finds its own attempt. A
+    segment the write sealed is the first commit's, stored once."""
+    c, checkpoint, usage = _step_zero_decided(f"u-retry-{path}-{seals}")
+    if seals:
+        checkpoint = _sixteen()
     run_id = c.run.run_id
     calls: list[int] = []
     if path == "one_trip":  # the statement ends in its COMMIT: the reply is lost after it
@@ -133,6 +137,7 @@ def test_a_retry_after_the_first_commit_landed_returns_the_claim_it_made(path, m
     assert _attempts(run_id) == [(0, 1, "step_done"), (1, 2, None)], "written once"
     assert _step_rows(run_id) == [(0, 1, "decided"), (0, 1, "done")]
     assert [e.epoch for e in ledger.history(run_id)].count(2) == 1
+    assert _segments(run_id) == ([(0, [f"s{i}" for i in range(16)])] if seals else [])
 
 
 def test_a_retry_that_finds_another_holders_claim_is_fenced_out(path):
