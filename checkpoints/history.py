@@ -107,6 +107,18 @@ def write_segments_txn(conn: Connection, run_id: str, segments: list[tuple[int, 
         conn.execute(sa.insert(run_history).values(run_id=run_id, seq=seq, body=blob))
 
 
+# What write_segments_txn writes, as statements for a one-round-trip query on MySQL/MariaDB
+# (checkpoints.runs): each segment replaced by its key, only where `{0}` (the caller's fence) holds.
+_RAW_SEGMENT_IF = ("DELETE FROM run_history WHERE run_id = %s AND seq = %s AND {0}; "
+                   "INSERT INTO run_history (run_id, seq, body) SELECT %s, %s, %s FROM DUAL WHERE {0}; ")
+
+
+def raw_segments(run_id: str, segments: list[tuple[int, bytes]], condition: str) -> tuple[str, list[Any]]:
+    """The statements (each ending in "; ") and parameters that store `segments` if `condition` holds."""
+    params = [v for seq, blob in segments for v in (run_id, seq, run_id, seq, blob)]
+    return _RAW_SEGMENT_IF.format(condition) * len(segments), params
+
+
 def load_txn(conn: Connection, run_id: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
     """`checkpoint` (as decoded from the row) with its whole history: the sealed segments, then the tail."""
     sealed = sealed_of(checkpoint)

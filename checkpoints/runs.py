@@ -126,10 +126,6 @@ _RAW_TERMINAL = (
     "UPDATE run_checkpoints SET state = %s, phase = 'done', checkpoint = %s, owner = NULL, answer = %s, "
     "error_class = %s, error = %s, last_event_id = %s, finished_at_ms = %s, updated_at_ms = %s "
     f"WHERE {_RAW_FENCE}; {billing.RAW_HOLD_LOCKED}")
-# A history segment a checkpoint seals (checkpoints.history), in the checkpoint's own query before its
-# COMMIT: replaced by its key as write_segments_txn does, and only if the fenced UPDATE matched.
-_RAW_SEGMENT_IF = ("DELETE FROM run_history WHERE run_id = %s AND seq = %s AND {0}; "
-                   "INSERT INTO run_history (run_id, seq, body) SELECT %s, %s, %s FROM DUAL WHERE {0}; ")
 _RAW_END_ATTEMPT = "UPDATE run_attempts SET ended_at_ms = %s, outcome = %s, error = %s WHERE id = %s"
 _RAW_OWN_ATTEMPT = "SELECT id FROM run_attempts WHERE run_id = %s AND epoch = %s AND worker = %s"
 
@@ -559,8 +555,7 @@ def _sealing(sql: str, params: tuple[Any, ...], run_id: str, stored: history.Sto
     written before its COMMIT, if `condition` (the fence) holds; their parameters follow all of its own."""
     if not stored.segments:
         return sql, params
-    extra = [v for seq, blob in stored.segments for v in (run_id, seq, run_id, seq, blob)]
-    segments = _RAW_SEGMENT_IF.format(condition) * len(stored.segments)
+    segments, extra = history.raw_segments(run_id, stored.segments, condition)
     return sql.removesuffix("COMMIT") + segments + "COMMIT", (*params, *extra)
 
 
