@@ -54,6 +54,9 @@ result_serializer = "json"
 accept_content = ["json"]
 task_ignore_result = True
 result_backend = None
+# Celery builds its (disabled) backend per thread unless told it is thread-safe: in a gevent worker
+# that is per delivery, and building one scans the packages' entry points (~240 us a continuation sent).
+result_backend_thread_safe = True
 
 # A message is a wake-up call; the run row decides. Ack late so a message is not lost before the
 # claim, and ack (not requeue) when a worker dies: our reaper rescues, Celery must not re-run poison.

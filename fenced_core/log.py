@@ -7,7 +7,11 @@ import logging
 import structlog
 
 
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
 def configure(level: int = logging.INFO) -> None:
+    """Lines below `level` cost nothing: structlog's filtering logger turns those calls into no-ops."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=level, format="%(message)s")
     structlog.configure(

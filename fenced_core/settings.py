@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     inline_steps: int = Field(8, ge=0, description="Steps a delivery may run after its own, in the same worker "
                               "slot, when the next one is ready at once (threads and gevent workers; 0 = every "
                               "step goes through the broker; tasks.delivery)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="The lowest level of fenced's own log lines (structlog: a worker's step_done, "
+        "running, delivery_done at info, three lines a step); Celery's own lines follow `celery worker -l`")
     task_events: bool = Field(True, description="Workers send Celery task events and senders task-sent events "
                               "(Flower's live task view); off saves about four broker publishes per step")
 
@@ -133,6 +136,11 @@ class Settings(BaseSettings):
     # Tests and chaos only: named fault-injection points are checked only when this is on.
     faults_enabled: bool = Field(False, description="Arm-able fault points and the stub model's test markers "
                                  "([poison], [terminal], ...): tests and chaos only")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, level: object) -> object:
+        return level.strip().lower() if isinstance(level, str) else level
 
     @field_validator("db_url")
     @classmethod

@@ -49,11 +49,11 @@ def _deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None
             return skipped
         assert run is not None
         if not lease.acquire(run.step):
-            log.info("duplicate_dropped", run_id=run_id, epoch=run.epoch, step=run.step)
+            log.warning("duplicate_dropped", run_id=run_id, epoch=run.epoch, step=run.step)
             return "duplicate"
     elif not lease.acquire(step):
         # Held by someone, or handed over for another step: a duplicate or stale wake-up either way.
-        log.info("duplicate_dropped", run_id=run_id, step=step)
+        log.warning("duplicate_dropped", run_id=run_id, step=step)
         return "duplicate"
     elif not lease.took_handoff:
         # The lease was free (the handoff expired, Redis lost it, the run ended, parked or was never

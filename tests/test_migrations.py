@@ -158,3 +158,23 @@ def test_downgrade_to_0002_and_back(empty_db):
         head = ScriptDirectory.from_config(_config()).get_current_head()
         assert head is not None and int(head) >= 6  # 0006: run_history
         assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == head
+
+
+def test_head_revision_names_the_newest_migration():
+    """`migrate` skips Alembic when the database is at HEAD_REVISION: a migration added without moving
+    it would never run on a database at the previous head."""
+    assert checkpoints.db.HEAD_REVISION == ScriptDirectory.from_config(_config()).get_current_head()
+
+
+def test_a_database_at_head_is_not_handed_to_alembic_and_one_behind_is(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'start.db'}"
+    upgrade(url, "0005")
+    upgrades: list[str] = []
+    real_upgrade = command.upgrade
+    monkeypatch.setattr(command, "upgrade", lambda cfg, rev: (upgrades.append(rev), real_upgrade(cfg, rev)))
+    checkpoints.db.migrate(url)
+    assert upgrades == ["head"]
+    assert checkpoints.db.schema_revision(get_engine(url)) == checkpoints.db.HEAD_REVISION
+    checkpoints.db.migrate(url)  # a worker start on a database at head: one SELECT, no Alembic
+    assert upgrades == ["head"]
+    assert checkpoints.db.schema_revision(get_engine(f"sqlite:///{tmp_path / 'empty.db'}")) is None

@@ -116,3 +116,19 @@ def test_the_broker_channel_serves_as_many_commands_at_once_as_a_worker_runs(red
                 client.blpop(["fenced-test:pool:nothing"], timeout=0.3)
 
         assert _at_once(64, hold) == []
+
+
+def test_every_thread_sends_through_the_one_result_backend_the_app_built():
+    """A gevent worker runs each delivery on a new greenlet (a thread to Celery); `send_task` reads
+    `app.backend` even though fenced keeps no results, and Celery builds a backend per thread unless
+    `result_backend_thread_safe` (~240 us each: an entry-point scan). Built once, reused by every thread."""
+    from tasks.celery_app import app
+
+    first = app.backend
+    seen: list[object] = []
+    threads = [threading.Thread(target=lambda: seen.append(app.backend)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [first] * 3

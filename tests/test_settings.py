@@ -41,3 +41,32 @@ def test_a_check_across_settings_reads_as_one_line_without_the_input_dump():
     line = describe(caught.value)
     assert line.startswith("broker_url: FENCED_REDIS_URL names a Redis Cluster"), line
     assert "{" not in line and "FENCED_=" not in line, line
+
+
+def test_the_log_level_is_read_in_any_case_and_a_wrong_one_is_refused_naming_the_field():
+    assert Settings(log_level=" WARNING ").log_level == "warning"
+    assert Settings().log_level == "info"
+    with pytest.raises(ValidationError, match=r"log_level\n.*'debug', 'info', 'warning' or 'error'"):
+        Settings(log_level="loud")
+
+
+_LOG_BOTH = ("import structlog, tasks.celery_app; log = structlog.get_logger('t'); "
+             "log.info('an_info_line'); log.warning('a_warning_line')")
+
+
+@pytest.mark.parametrize("level, info_shown", [("info", True), ("warning", False), ("", True)])
+def test_fenced_log_level_decides_which_of_a_process_s_lines_are_written(level, info_shown):
+    """What a worker process does at import (tasks.celery_app): FENCED_LOG_LEVEL=warning silences the
+    step's info lines (three a step) and keeps warnings; unset, info as before."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FENCED_LOG_LEVEL"}
+    if level:
+        env["FENCED_LOG_LEVEL"] = level
+    out = subprocess.run([sys.executable, "-c", _LOG_BOTH], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout + out.stderr
+    assert "event='a_warning_line'" in lines
+    assert ("event='an_info_line'" in lines) is info_shown, lines
