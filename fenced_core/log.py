@@ -6,7 +6,6 @@ import logging
 
 import structlog
 
-
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
