@@ -398,6 +398,8 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
     after_rescue: list[float] = []
     missing: list[str] = []
     from_victim = 0
+    claimers: dict[str, list[float]] = {}
+    restart_first = None
     if held_ids:
         held_list = _ids_param(held_ids)
 
@@ -421,6 +423,17 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
                               "AND kind = 'rescue' AND at_ms >= :k GROUP BY run_id", k=kill_ms))
         detection = [float(at - kill_ms) for at in rescues.values()]
         after_rescue = [float(r[1] - rescues[r[0]]) for r in rows if r[0] in rescues]
+        # Who took them: the surviving worker (slots it frees as its own runs' steps end) or the victim's
+        # restart (once it has started up: imports and start-up on a machine this load keeps busy).
+        first = _query("SELECT a.run_id, a.worker, a.started_at_ms FROM run_attempts a JOIN (SELECT run_id, "
+                       f"MIN(started_at_ms) AS s FROM run_attempts WHERE run_id IN ({held_list}) "
+                       "AND started_at_ms > :k GROUP BY run_id) f ON a.run_id = f.run_id AND a.started_at_ms = f.s",
+                       k=kill_ms)
+        for row in first:
+            by = "restarted" if f":{victim.pid}:" in row.worker else "survivor"
+            claimers.setdefault(by, []).append(float(row.started_at_ms - kill_ms))
+        restart_first = _query("SELECT MIN(started_at_ms) FROM run_attempts WHERE worker LIKE :w",
+                               w=f"%:{victim.pid}:%")[0][0]
     restarted = True
     try:
         victim.wait_for_log("ready.", timeout=90)
@@ -429,6 +442,8 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
     return {"victim_pid": pid, "held_mid_step": len(held_ids), "claimed_again": len(latencies),
             "not_claimed": missing[:5], "takeovers_from_victim": from_victim, "latency_ms": summary(latencies),
             "rescued_ms": summary(detection), "claimed_after_rescue_ms": summary(after_rescue),
+            "claimed_by_ms": {by: summary(v) for by, v in sorted(claimers.items())},
+            "restarted_first_claim_ms": None if restart_first is None else float(restart_first - kill_ms),
             "restarted": restarted}
 
 

@@ -230,6 +230,11 @@ def inflight_section(f: dict[str, Any]) -> list[str]:
             det, rest = t["rescued_ms"], t["claimed_after_rescue_ms"]
             lines.append(f"| of which kill -> rescue sent / rescue -> claim, p50 / p95 ms | {det['p50']} / "
                          f"{det['p95']} and {rest['p50']} / {rest['p95']} |")
+        if t.get("claimed_by_ms"):
+            by = "; ".join(f"{who} {v['n']} (p50 {v['p50']}, p95 {v['p95']})" for who, v in t["claimed_by_ms"].items())
+            first = t.get("restarted_first_claim_ms")
+            lines.append(f"| who claimed them, kill -> claim ms; the restarted worker's first claim of any run | "
+                         f"{by}; {'none by then' if first is None else f'{first} ms'} |")
     if "runs_passed" in f:
         lines.append(f"| runs done and passing their verdict | {f['runs_passed']}/{p['runs']} ({f['states']}) |")
     lines += ["", "| target | measured | met |", "|---|---|---|"]

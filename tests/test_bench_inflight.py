@@ -53,6 +53,11 @@ def test_longrun_and_inflight_sections_measure_what_they_say(tmp_path):
     assert t["rescued_ms"]["n"] == t["claimed_after_rescue_ms"]["n"] == t["held_mid_step"], t
     assert 0 < t["rescued_ms"]["p50"] <= t["latency_ms"]["p50"], t
     assert t["restarted"], t
+    # Each run held was first claimed by the survivor or by the victim's restart, and the split adds up.
+    assert sum(v["n"] for v in t["claimed_by_ms"].values()) == t["held_mid_step"], t
+    assert set(t["claimed_by_ms"]) <= {"survivor", "restarted"}, t
+    if "restarted" in t["claimed_by_ms"]:
+        assert t["restarted_first_claim_ms"] <= t["claimed_by_ms"]["restarted"]["p50"], t
     assert f["runs_passed"] == p["runs"] and f["states"] == {"done": p["runs"]}, f
     # No consumer reconnect requeued the wake-ups still running (kombu's pool cap did, 2026-12-02).
     d = f["deliveries"]
