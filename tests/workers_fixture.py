@@ -28,8 +28,8 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 
 
 def wait_terminal(run_ids: list[str], timeout: float = 60) -> list[runs.Run]:
     def all_done() -> list[runs.Run] | None:
-        rows = [runs.get_run(r) for r in run_ids]
-        return rows if all(r is not None and r.terminal for r in rows) else None
+        rows = [row for row in (runs.get_run(r) for r in run_ids) if row is not None and row.terminal]
+        return rows if len(rows) == len(run_ids) else None
 
     return wait_for(all_done, timeout, f"{len(run_ids)} runs to end")
 
