@@ -63,6 +63,10 @@ def _make_engine(url: str) -> Engine:
 
         return engine
     settings = get_settings()
+    if sa.engine.make_url(url).get_driver_name() == "pymysql":
+        from checkpoints.pymysql_tls import install as _share_the_preferred_tls_context
+
+        _share_the_preferred_tls_context()  # one CA load per process, not per connection
     # No pool_pre_ping: it is a round trip before every transaction (4 per step). A connection that
     # died with the server fails its first statement instead; every write runs in `in_txn` (and
     # get_run under db_retry), which retries on the fresh connection the pool then hands out.
@@ -74,12 +78,13 @@ def _make_engine(url: str) -> Engine:
         pool_reset_on_return=None,
         pool_recycle=3600,
         # A connection opened past the pool's size is closed when it is returned. Too small a pool
-        # under a worker's threads meant a new connection (a TCP and MySQL handshake, and PyMySQL's
-        # TLS context, ~5 ms of CPU) for much of its transactions: the in-flight benchmark found a
-        # quarter of a loaded worker's CPU there with 5 + 10, and 44 % of a gevent worker's with 20 + 10
-        # (2026-12-01): overflow feeds itself (connecting costs CPU, so transactions run longer, so more
-        # of them overlap). Transactions last about a millisecond, so 20 kept connections serve hundreds
-        # of threads; with no overflow (the default) a thread that finds all in use waits for one.
+        # under a worker's threads meant a new connection (a TCP and MySQL handshake, and PyMySQL's TLS
+        # context, since shared: checkpoints/pymysql_tls.py) for much of its transactions: the
+        # in-flight benchmark found a quarter of a loaded worker's CPU there with 5 + 10, and 44 % of a
+        # gevent worker's with 20 + 10 (2026-12-01): overflow feeds itself (connecting costs CPU, so
+        # transactions run longer, so more of them overlap). Transactions last about a millisecond, so
+        # 20 kept connections serve hundreds of threads; with no overflow (the default) a thread that
+        # finds all in use waits for one.
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         connect_args={"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30},

@@ -132,3 +132,39 @@ def test_every_thread_sends_through_the_one_result_backend_the_app_built():
     for t in threads:
         t.join()
     assert seen == [first] * 3
+
+
+def test_a_process_loads_the_ca_certificates_once_not_per_mariadb_connection(mysql_store, monkeypatch):
+    """PyMySQL's preferred-TLS mode built an SSL context (the system's CA certificates, ~36 ms of CPU)
+    for each connection; a restarted worker opening its pool under load spent over a second there.
+    Every connection of the process now gets the one context (checkpoints/pymysql_tls.py)."""
+    import pymysql.connections
+
+    db.dispose_all()
+    try:
+        engine = db.get_engine()
+        first = engine.raw_connection()
+        built: list[object] = []
+        real = pymysql.connections.ssl.create_default_context
+        monkeypatch.setattr(pymysql.connections.ssl, "create_default_context",
+                            lambda *a, **k: built.append(a) or real(*a, **k))
+        more = [engine.raw_connection() for _ in range(3)]
+        contexts = {id(c.driver_connection.ctx) for c in [first, *more]}
+        assert built == [] and len(contexts) == 1, (built, contexts)
+        assert all(c.driver_connection.ssl for c in more), "still preferred TLS: tried if the server offers it"
+        for c in [first, *more]:
+            c.close()
+    finally:
+        db.dispose_all()
+
+
+def test_tls_options_in_the_url_still_get_a_context_of_their_own():
+    from pymysql.connections import Connection
+
+    from checkpoints.pymysql_tls import install
+
+    install()
+    preferred = Connection._create_ssl_ctx(None, {})
+    assert Connection._create_ssl_ctx(None, {}) is preferred
+    own = Connection._create_ssl_ctx(None, {"verify_mode": False})
+    assert own is not preferred and Connection._create_ssl_ctx(None, {"verify_mode": False}) is not own
