@@ -38,5 +38,5 @@ def install() -> None:
             return shared[0]
         return original(self, sslp)
 
-    Connection._create_ssl_ctx = _create_ssl_ctx  # type: ignore[method-assign]
+    Connection._create_ssl_ctx = _create_ssl_ctx
     setattr(Connection, _PATCHED, True)
