@@ -24,8 +24,8 @@ def install() -> None:
     """Patch PyMySQL's context factory once per process."""
     from pymysql.connections import Connection
 
-    if getattr(Connection, _PATCHED, False):
-        return
+    if getattr(Connection, _PATCHED, False) or not hasattr(Connection, "_create_ssl_ctx"):
+        return  # patched already, or a PyMySQL without this factory (tests/test_pools.py would say so)
     original = Connection._create_ssl_ctx
     shared: list[Any] = []
     lock = threading.Lock()

@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(
         0, ge=0, description="Connections a process may open beyond db_pool_size in a burst, each closed when "
         "returned (0: a thread that finds every connection in use waits for one; an opened-and-closed "
-        "connection costs ~5 ms of CPU, which under load makes transactions slower and more overflow)")
+        "connection costs a handshake's CPU, which under load makes transactions slower and more overflow)")
 
     redis_max_connections: int = Field(
         10_000, gt=0, description="Redis connections one process may open to fenced's Redis (each node of a "
