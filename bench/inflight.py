@@ -404,8 +404,11 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
         held_list = _ids_param(held_ids)
 
         def claimed() -> list[Any]:
-            return _query(f"SELECT run_id, MIN(started_at_ms) FROM run_attempts WHERE run_id IN ({held_list}) "
-                          "AND started_at_ms > :k GROUP BY run_id", k=kill_ms)
+            """Each held run's first claim after the kill: (run_id, started_at_ms, worker)."""
+            return _query("SELECT a.run_id, a.started_at_ms, a.worker FROM run_attempts a JOIN (SELECT run_id, "
+                          f"MIN(started_at_ms) AS s FROM run_attempts WHERE run_id IN ({held_list}) "
+                          "AND started_at_ms > :k GROUP BY run_id) f ON a.run_id = f.run_id AND a.started_at_ms = f.s",
+                          k=kill_ms)
 
         deadline = time.monotonic() + max(60.0, p.timeout_s / 4)
         rows = claimed()
@@ -425,13 +428,9 @@ def _kill_and_time(victim: Any, in_list: str, p: Params) -> dict[str, Any]:
         after_rescue = [float(r[1] - rescues[r[0]]) for r in rows if r[0] in rescues]
         # Who took them: the surviving worker (slots it frees as its own runs' steps end) or the victim's
         # restart (once it has started up: imports and start-up on a machine this load keeps busy).
-        first = _query("SELECT a.run_id, a.worker, a.started_at_ms FROM run_attempts a JOIN (SELECT run_id, "
-                       f"MIN(started_at_ms) AS s FROM run_attempts WHERE run_id IN ({held_list}) "
-                       "AND started_at_ms > :k GROUP BY run_id) f ON a.run_id = f.run_id AND a.started_at_ms = f.s",
-                       k=kill_ms)
-        for row in first:
-            by = "restarted" if f":{victim.pid}:" in row.worker else "survivor"
-            claimers.setdefault(by, []).append(float(row.started_at_ms - kill_ms))
+        for _run, started_at_ms, worker in rows:
+            by = "restarted" if f":{victim.pid}:" in worker else "survivor"
+            claimers.setdefault(by, []).append(float(started_at_ms - kill_ms))
         restart_first = _query("SELECT MIN(started_at_ms) FROM run_attempts WHERE worker LIKE :w",
                                w=f"%:{victim.pid}:%")[0][0]
     restarted = True

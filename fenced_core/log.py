@@ -6,11 +6,23 @@ import logging
 
 import structlog
 
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+def _settings_level() -> int:
+    """FENCED_LOG_LEVEL as a logging level; info while the settings cannot be read (celeryconfig or the
+    CLI then says which variable is wrong, and stops)."""
+    from fenced_core.errors import ConfigError
+    from fenced_core.settings import get_settings
+
+    try:
+        return int(logging.getLevelName(get_settings().log_level.upper()))
+    except ConfigError:
+        return logging.INFO
 
 
-def configure(level: int = logging.INFO) -> None:
-    """Lines below `level` cost nothing: structlog's filtering logger turns those calls into no-ops."""
+def configure(level: int | None = None) -> None:
+    """Lines below `level` (default: FENCED_LOG_LEVEL) cost nothing: structlog's filtering logger turns
+    those calls into no-ops."""
+    level = _settings_level() if level is None else level
     if not logging.getLogger().handlers:
         logging.basicConfig(level=level, format="%(message)s")
     structlog.configure(
