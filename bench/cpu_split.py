@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from bench.inflight import cpu_s
-from bench.throughput import burst
-from bench.work import STEPS_PER_RUN
+# bench.inflight and bench.throughput import the Celery app, which reads the settings (broker and database
+# URLs) once: they are imported after main() has set FENCED_* from the arguments.
 
 
 def _server_pids(redis_url: str) -> dict[str, list[int]]:
@@ -42,6 +41,9 @@ def one_pass(runs: int, inline: int, concurrency: int, log_dir: Path, pool: str 
     """One burst on fresh workers; CPU ms per step of each process group, and runs/s."""
     import sqlalchemy as sa
 
+    from bench.inflight import cpu_s
+    from bench.throughput import burst
+    from bench.work import STEPS_PER_RUN
     from checkpoints.db import transaction
     from checkpoints.schema import run_checkpoints as rc
     from fencing.connection import get_redis

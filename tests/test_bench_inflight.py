@@ -8,6 +8,7 @@ checkpoints it holds, the killed worker's runs taken over by someone else, all r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -117,12 +118,15 @@ def test_a_zero_model_time_is_refused_with_the_option_named(capsys):
 def test_cpu_split_measures_both_passes_on_real_workers(mysql_store, tmp_path):
     """`python -m bench.cpu_split`: a burst per FENCED_INLINE_STEPS value on real workers, CPU per step read
     from /proc for the workers, mariadbd and redis-server; the inline pass really ran steps inline and
-    the other did not."""
+    the other did not. The stores are the arguments', not the environment's (which points nowhere here):
+    the command once submitted its burst to the environment's stores and waited forever."""
     from tests.conftest import MYSQL_URL, REDIS_URL
 
+    elsewhere = {**os.environ, "FENCED_DB_URL": f"sqlite:///{tmp_path}/not-these.db",
+                 "FENCED_REDIS_URL": "redis://127.0.0.1:6399/0", "FENCED_BROKER_URL": "redis://127.0.0.1:6399/0"}
     proc = subprocess.run([sys.executable, "-m", "bench.cpu_split", "--redis-url", REDIS_URL, "--db-url", MYSQL_URL,
                            "--runs", "20", "--inline", "8", "--inline", "0", "--log-dir", str(tmp_path)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=280)
+                          cwd=REPO_ROOT, env=elsewhere, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     on, off = (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
     assert (on["inline_steps"], off["inline_steps"]) == (8, 0)
