@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -12,6 +12,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from fenced_core.errors import ConfigError
 
 # The run stores fenced is tested on. PostgreSQL is not one of them (yet): refused, not half-supported.
+LogLevel = Literal["debug", "info", "warning", "error"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 DB_SCHEMES = ("mysql+pymysql://", "mysql+mysqldb://", "sqlite:///")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CLUSTER_SCHEME = "redis+cluster://"  # fenced's Redis on a Redis Cluster (fencing.cluster)
@@ -78,7 +80,7 @@ class Settings(BaseSettings):
     inline_steps: int = Field(8, ge=0, description="Steps a delivery may run after its own, in the same worker "
                               "slot, when the next one is ready at once (threads and gevent workers; 0 = every "
                               "step goes through the broker; tasks.delivery)")
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
+    log_level: LogLevel = Field(
         "info", description="The lowest level of fenced's own log lines (structlog: a worker's step_done, "
         "running, delivery_done at info, three lines a step); Celery's own lines follow `celery worker -l`")
     task_events: bool = Field(True, description="Workers send Celery task events and senders task-sent events "
@@ -140,7 +142,12 @@ class Settings(BaseSettings):
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_log_level(cls, level: object) -> object:
-        return level.strip().lower() if isinstance(level, str) else level
+        # Refused here, before the lowering, so the error quotes the value as the user wrote it.
+        if isinstance(level, str):
+            if level.strip().lower() not in LOG_LEVELS:
+                raise ValueError("Input should be " + ", ".join(map(repr, LOG_LEVELS[:-1])) + f" or {LOG_LEVELS[-1]!r}")
+            return level.strip().lower()
+        return level
 
     @field_validator("db_url")
     @classmethod

@@ -48,6 +48,11 @@ def test_the_log_level_is_read_in_any_case_and_a_wrong_one_is_refused_naming_the
     assert Settings().log_level == "info"
     with pytest.raises(ValidationError, match=r"log_level\n.*'debug', 'info', 'warning' or 'error'"):
         Settings(log_level="loud")
+    from fenced_core.settings import describe
+
+    with pytest.raises(ValidationError) as caught:  # quoted as written, not as lowered
+        Settings(log_level=" LOUD")
+    assert describe(caught.value) == "FENCED_LOG_LEVEL=' LOUD': Input should be 'debug', 'info', 'warning' or 'error'"
 
 
 _LOG_BOTH = ("import structlog, tasks.celery_app; log = structlog.get_logger('t'); "
