@@ -11,9 +11,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fenced_core.errors import ConfigError
 
-# The run stores fenced is tested on. PostgreSQL is not one of them (yet): refused, not half-supported.
 LogLevel = Literal["debug", "info", "warning", "error"]
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+# The run stores fenced is tested on. PostgreSQL is not one of them (yet): refused, not half-supported.
 DB_SCHEMES = ("mysql+pymysql://", "mysql+mysqldb://", "sqlite:///")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CLUSTER_SCHEME = "redis+cluster://"  # fenced's Redis on a Redis Cluster (fencing.cluster)
@@ -142,10 +142,9 @@ class Settings(BaseSettings):
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_log_level(cls, level: object) -> object:
-        # Refused here, before the lowering, so the error quotes the value as the user wrote it.
-        if isinstance(level, str):
-            if level.strip().lower() not in LOG_LEVELS:
-                raise ValueError("Input should be " + ", ".join(map(repr, LOG_LEVELS[:-1])) + f" or {LOG_LEVELS[-1]!r}")
+        # Only a known level is lowered: anything else reaches the Literal as written, and its refusal
+        # quotes the value the user gave.
+        if isinstance(level, str) and level.strip().lower() in LOG_LEVELS:
             return level.strip().lower()
         return level
 

@@ -4,7 +4,7 @@ with no broker of its own, a scheme nobody speaks."""
 import pytest
 from pydantic import ValidationError
 
-from fenced_core.settings import Settings
+from fenced_core.settings import Settings, describe
 
 
 @pytest.mark.parametrize("url", ["redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
@@ -34,8 +34,6 @@ def test_unknown_schemes_are_refused_naming_the_field():
 
 
 def test_a_check_across_settings_reads_as_one_line_without_the_input_dump():
-    from fenced_core.settings import describe
-
     with pytest.raises(ValidationError) as caught:
         Settings(redis_url="redis+cluster://127.0.0.1:7000", broker_url="")
     line = describe(caught.value)
@@ -48,8 +46,6 @@ def test_the_log_level_is_read_in_any_case_and_a_wrong_one_is_refused_naming_the
     assert Settings().log_level == "info"
     with pytest.raises(ValidationError, match=r"log_level\n.*'debug', 'info', 'warning' or 'error'"):
         Settings(log_level="loud")
-    from fenced_core.settings import describe
-
     with pytest.raises(ValidationError) as caught:  # quoted as written, not as lowered
         Settings(log_level=" LOUD")
     assert describe(caught.value) == "FENCED_LOG_LEVEL=' LOUD': Input should be 'debug', 'info', 'warning' or 'error'"
