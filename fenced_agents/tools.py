@@ -10,12 +10,12 @@ model can fix its own call in the next step (nothing is performed, nothing is ra
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, get_type_hints
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
@@ -63,7 +63,7 @@ class FunctionTool:
         self.description, self.args_model, self.takes_ctx = _describe(fn, self.name)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
-        self._parameters: str | None = None  # the schema as JSON, built once (spec)
+        self._parameters: bytes | None = None  # the schema as JSON, built once (spec)
 
     @property
     def read_only(self) -> bool:
@@ -81,8 +81,8 @@ class FunctionTool:
         each call; the schema is built once per tool, since pydantic takes about 0.2 ms to build it and
         the agent loop asks for every tool's spec at every step)."""
         if self._parameters is None:
-            self._parameters = json.dumps(_untitled(self.args_model.model_json_schema()))
-        return {"name": self.name, "description": self.description, "parameters": json.loads(self._parameters)}
+            self._parameters = orjson.dumps(_untitled(self.args_model.model_json_schema()))
+        return {"name": self.name, "description": self.description, "parameters": orjson.loads(self._parameters)}
 
     def validate(self, args: dict[str, Any]) -> BaseModel:
         """The model's arguments as the function's types; InvalidArguments names every bad field."""

@@ -19,7 +19,7 @@ from checkpoints import billing, ledger, lifecycle, runs
 from checkpoints.db import in_txn, transaction
 from checkpoints.schema import effects
 from fenced_agents import Agent, FunctionTool, InvalidArguments, effect, tool
-from fenced_agents.model import AgentContext
+from fenced_agents.model import AgentContext, Decision, ToolCall
 from fenced_agents.openai_compat import OpenAICompatible
 from fenced_core.errors import BudgetExceeded, TerminalError, TransientError
 from fencing import events, faults
@@ -46,6 +46,24 @@ def test_the_schema_comes_from_type_hints_and_the_docstring():
     assert params["additionalProperties"] is False
     assert spec["refund_policy"]["parameters"]["properties"]["reason"]["enum"] == ["damaged", "late", "changed_mind"]
     assert spec["ask_user"]["parameters"]["required"] == ["question"]
+
+
+def test_each_spec_is_a_fresh_copy_a_model_may_change():
+    tool = support_agent.support.tools["refund"]
+    first = tool.spec()
+    first["parameters"]["properties"].clear()
+    assert tool.spec()["parameters"]["properties"], "a model that edits its copy must not edit the next step's"
+
+
+def test_a_decision_records_every_field_it_has():
+    """Checkpoint A stores to_dict(), built by hand for speed: a field added to Decision (or ToolCall)
+    without it would be lost on every replay."""
+    import dataclasses
+
+    decision = Decision("search", "looking", [ToolCall("c1", "lookup_order", {"order_id": "A-1", "n": [1]})],
+                        final=True, answer="ok", prompt_tokens=7, completion_tokens=3)
+    assert decision.to_dict() == dataclasses.asdict(decision)
+    assert Decision.from_dict(decision.to_dict()) == decision
 
 
 def test_bad_arguments_name_each_field_and_never_reach_the_function():

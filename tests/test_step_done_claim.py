@@ -11,13 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pymysql
 import pytest
 import sqlalchemy as sa
 
 import examples.shopping  # noqa: F401 - registers the demo agent the deliveries run
 from checkpoints import history, ledger, lifecycle, runs
-from checkpoints.db import transaction
+from checkpoints.db import get_engine, transaction
 from checkpoints.runs import Claim, Usage
 from checkpoints.schema import run_attempts, run_steps
 from fenced_core.errors import FencedOut
@@ -118,7 +117,8 @@ def test_a_retry_after_the_first_commit_landed_returns_the_claim_it_made(path, m
         def commit_then_lose_the_reply(*args: Any) -> int:
             calls.append(real(*args))
             if len(calls) == 1:
-                raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+                # The driver's own error, as a dropped connection raises it (PyMySQL or mysqlclient).
+                raise get_engine().dialect.dbapi.OperationalError(2013, "Lost connection to MySQL server during query")
             return calls[-1]
 
         monkeypatch.setattr(runs, "_step_done_and_claim_raw", commit_then_lose_the_reply)

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from checkpoints import codec, ledger, lifecycle, runs
-from checkpoints.db import in_txn, transaction
+from checkpoints.db import get_engine, in_txn, transaction
 from checkpoints.runs import Claim, Usage
 from checkpoints.schema import run_attempts, run_checkpoints, run_holds, user_accounts
 from fenced_core.errors import FencedOut
@@ -84,18 +84,26 @@ ENDINGS = {"done": {"answer": "the answer"}, "failed": {"error_class": "terminal
 
 @contextmanager
 def _queries() -> Iterator[list[str]]:
+    """The queries this process sends to MariaDB, through whichever driver the test store's URL names
+    (PyMySQL, or mysqlclient in the suite's mysqlclient lane: scripts/test.sh)."""
     sent: list[str] = []
-    query = pymysql.connections.Connection.query
+    if get_engine().dialect.driver == "mysqldb":
+        import MySQLdb.connections
 
-    def counted(self: Any, sql: Any, unbuffered: bool = False) -> Any:
-        sent.append(sql.decode() if isinstance(sql, bytes) else str(sql))
-        return query(self, sql, unbuffered)
+        cls: Any = MySQLdb.connections.Connection
+    else:
+        cls = pymysql.connections.Connection
+    query = cls.query
 
-    pymysql.connections.Connection.query = counted  # type: ignore[method-assign]
+    def counted(self: Any, sql: Any, *args: Any) -> Any:
+        sent.append(sql.decode(errors="replace") if isinstance(sql, (bytes, bytearray)) else str(sql))
+        return query(self, sql, *args)
+
+    cls.query = counted
     try:
         yield sent
     finally:
-        pymysql.connections.Connection.query = query  # type: ignore[method-assign]
+        cls.query = query
 
 
 def _snapshot(c: Claim, user: str, outcome: Any) -> dict[str, Any]:
