@@ -85,6 +85,30 @@ def test_event_append_after_redis_lost_the_mirror_raises_it(redis_client):
         events.append("r6", 3, "e2", "x", 0)
 
 
+def test_an_event_repeating_the_newest_under_its_epoch_is_that_entry(redis_client):
+    """append_event.lua adds no copy of the stream's newest entry (same event id, same epoch): it replies
+    that entry's id. The same id under a newer epoch (a takeover replaying the step), or after another
+    event, is appended."""
+    first = events.append("r6b", 2, "s0:start", "step_started", 0)
+    assert events.append("r6b", 2, "s0:start", "step_started", 0) == first
+    events.append("r6b", 3, "s0:start", "step_started", 0)
+    events.append("r6b", 3, "s0:decision", "model_decision", 0)
+    events.append("r6b", 3, "s0:start", "step_started", 0)
+    assert [(e.eid, e.epoch) for e in events.read("r6b")] == [
+        ("s0:start", 2), ("s0:start", 3), ("s0:decision", 3), ("s0:start", 3)]
+
+
+def test_a_holders_late_final_event_after_a_repair_adds_no_copy(redis_client):
+    """The cluster-master-kill race (CI, 2026-12-04): the holder committed `done`, its final event was held up
+    by a Redis failover, its lease ran out meanwhile and the rescue's delivery repaired the stream
+    (tasks.endings.repair); then the holder's own append went through. One run_done under the epoch."""
+    events.append("r6c", 4, "s3:decision", "model_decision", 3)
+    repaired = events.append_final("r6c", 4, "done", 3, {"answer": "a", "repaired": True}, unless_present=True)
+    holder = events.Appends("r6c", 4, [(*events.FINAL_EVENTS["done"], 3, {"answer": "a"})]).send()
+    assert holder == [repaired]
+    assert [e.type for e in events.read("r6c")].count("run_done") == 1
+
+
 def test_fencedout_is_not_swallowed_by_except_exception():
     assert not issubclass(FencedOut, Exception)
     with pytest.raises(FencedOut):

@@ -3,9 +3,13 @@
 -- KEYS[2] - event stream key
 -- ARGV[1] - writer's epoch
 -- ARGV[2] - approximate max length of the stream
--- ARGV[3..] - field, value pairs of the event
+-- ARGV[3..] - field, value pairs of the event (Event.fields: eid, type, step, epoch, data)
 -- return the new entry id, or false if a newer epoch owns the run (the writer is fenced out)
 -- A missing mirror (Redis lost its data) is raised to the writer's epoch: the database still fences.
+-- An event that repeats the stream's newest entry (the same event id under the same epoch) is that
+-- entry: its id is returned and nothing is appended. Two writers can say one event under one epoch: a
+-- holder whose final event was delayed (a Redis failover) and the rescue that found the run ended and
+-- repaired the stream meanwhile; whichever comes second adds no copy.
 local epoch_key = KEYS[1]
 local stream_key = KEYS[2]
 local epoch = tonumber(ARGV[1])
@@ -19,7 +23,22 @@ if current < epoch then
     redis.call('SET', epoch_key, epoch)
 end
 local fields = {}
+local eid, event_epoch
 for i = 3, #ARGV do
     fields[#fields + 1] = ARGV[i]
+end
+for i = 1, #fields - 1, 2 do
+    if fields[i] == 'eid' then eid = fields[i + 1] elseif fields[i] == 'epoch' then event_epoch = fields[i + 1] end
+end
+local newest = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)[1]
+if newest and eid then
+    local seen = newest[2]
+    local newest_eid, newest_epoch
+    for i = 1, #seen - 1, 2 do
+        if seen[i] == 'eid' then newest_eid = seen[i + 1] elseif seen[i] == 'epoch' then newest_epoch = seen[i + 1] end
+    end
+    if newest_eid == eid and newest_epoch == event_epoch then
+        return newest[1]
+    end
 end
 return redis.call('XADD', stream_key, 'MAXLEN', '~', maxlen, '*', unpack(fields))
