@@ -57,11 +57,20 @@ def redis_appends(batches: list[int], rounds: int, repeat: int) -> dict[str, Any
     data = {"name": "search", "text": "x" * 80, "tool_calls": [{"id": "c1", "name": "search", "args": {"q": "lamp"}}]}
 
     def batch(n: int) -> Callable[[], None]:
-        calls = [call for i in range(n) for call in Appends(f"{RUN_PREFIX}{i}", 1, [(f"e{i}", "model_decision", 1,
-                                                                                    data)]).calls()]
+        # Two sets of calls, sent in turn: an append repeating its stream's newest event (same id, same
+        # epoch) is that entry, not a new one (append_event.lua), so consecutive appends must differ.
+        def calls(side: str) -> list[Any]:
+            events = [Appends(f"{RUN_PREFIX}{i}", 1, [(f"e{i}-{n}{side}", "model_decision", 1, data)])
+                      for i in range(n)]
+            return [call for appends in events for call in appends.calls()]
+
+        turns = [calls("a"), calls("b")]
+        sent = [0]
 
         def send() -> None:
-            replies = registered.execute_all(client, calls)
+            this_turn = turns[sent[0] % 2]
+            sent[0] += 1
+            replies = registered.execute_all(client, this_turn)
             if len(replies) != n or any(r is None for r in replies):
                 raise AssertionError(f"a batch of {n} appends came back {replies!r}")
 
