@@ -97,7 +97,9 @@ def test_events_live_view_raw_and_increments(mysql_store, redis_client):
     c = _running("alice")
     run_id = c.run.run_id
     first = events.append(run_id, c.epoch, "tool:1", "tool_started", 0, {"n": 1})
-    events.append(run_id, c.epoch, "tool:1", "tool_started", 0, {"n": 1})  # a replayed duplicate
+    # A replayed duplicate: the step run again by the next holder (the same event id under a newer epoch;
+    # the same epoch's repeat of the newest entry is that entry, never a copy: append_event.lua).
+    events.append(run_id, c.epoch + 1, "tool:1", "tool_started", 0, {"n": 1})
     live, raw = service.events(run_id, "alice"), service.events(run_id, "alice", raw=True)
     assert [e.eid for e in live.events].count("tool:1") == 1 and live.stored == raw.stored == len(raw.events)
     assert len(raw.events) > len(live.events)
