@@ -19,6 +19,7 @@ product: it measures what batching would be worth before anyone builds it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -64,13 +65,10 @@ def redis_appends(batches: list[int], rounds: int, repeat: int) -> dict[str, Any
                       for i in range(n)]
             return [call for appends in events for call in appends.calls()]
 
-        turns = [calls("a"), calls("b")]
-        sent = [0]
+        turns = itertools.cycle([calls("a"), calls("b")])
 
         def send() -> None:
-            this_turn = turns[sent[0] % 2]
-            sent[0] += 1
-            replies = registered.execute_all(client, this_turn)
+            replies = registered.execute_all(client, next(turns))
             if len(replies) != n or any(r is None for r in replies):
                 raise AssertionError(f"a batch of {n} appends came back {replies!r}")
 

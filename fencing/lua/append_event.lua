@@ -23,22 +23,21 @@ if current < epoch then
     redis.call('SET', epoch_key, epoch)
 end
 local fields = {}
-local eid, event_epoch
+local eid
 for i = 3, #ARGV do
     fields[#fields + 1] = ARGV[i]
+    if ARGV[i - 1] == 'eid' and i % 2 == 0 then eid = ARGV[i] end
 end
-for i = 1, #fields - 1, 2 do
-    if fields[i] == 'eid' then eid = fields[i + 1] elseif fields[i] == 'epoch' then event_epoch = fields[i + 1] end
-end
-local newest = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)[1]
-if newest and eid then
-    local seen = newest[2]
-    local newest_eid, newest_epoch
-    for i = 1, #seen - 1, 2 do
-        if seen[i] == 'eid' then newest_eid = seen[i + 1] elseif seen[i] == 'epoch' then newest_epoch = seen[i + 1] end
-    end
-    if newest_eid == eid and newest_epoch == event_epoch then
-        return newest[1]
+if eid then
+    local newest = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)[1]
+    if newest then
+        local seen, newest_eid, newest_epoch = newest[2], nil, nil
+        for i = 1, #seen - 1, 2 do
+            if seen[i] == 'eid' then newest_eid = seen[i + 1] elseif seen[i] == 'epoch' then newest_epoch = seen[i + 1] end
+        end
+        if newest_eid == eid and tonumber(newest_epoch) == epoch then
+            return newest[1]
+        end
     end
 end
 return redis.call('XADD', stream_key, 'MAXLEN', '~', maxlen, '*', unpack(fields))
