@@ -21,9 +21,9 @@ from bench.work import QUERY, STEPS_PER_RUN
 
 # (label, module path, attribute): wrapped where the protocol looks them up.
 PIECES = (
-    ("load run row", "checkpoints.runs", "get_run"),
+    ("load run row", "checkpoints.runs", "peek_run"),  # a rescue's read (no wake-up with a step reads it)
     ("lease acquire", "fencing.lease.Lease", "acquire"),
-    ("claim (epoch + 1)", "checkpoints.runs", "claim"),
+    ("claim (epoch + 1)", "checkpoints.runs", "claim_or_row"),  # its refusal is the row it read
     ("events", "fencing.events.Appends", "send"),  # events.append(_many) and a step's emit go through it
     ("checkpoint A", "checkpoints.runs", "write_decided"),
     ("checkpoint B", "checkpoints.runs", "write_step_done"),
@@ -217,7 +217,7 @@ def drive(run_id: str, each: Callable[[float], None],
         (send or send_continuation)(rid, step)
         sent.append(step)
 
-    step: int | None = None
+    step = 0  # the first wake-up's step, as submit sends it
     for _ in range(STEPS_PER_RUN):
         t = time.perf_counter()
         outcome = deliver(run_id, step, send_next, inline=inline)

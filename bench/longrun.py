@@ -73,7 +73,7 @@ def drive_long(run_id: str, steps: int) -> list[dict[str, float]]:
 
     sent: list[int] = []
     out: list[dict[str, float]] = []
-    step: int | None = None
+    step = 0  # the first wake-up's step, as submit sends it
     for _ in range(steps):
         with blob_bytes() as seen:
             wall, cpu = time.perf_counter(), time.process_time()

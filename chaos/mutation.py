@@ -131,14 +131,12 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation(
         "send-before-release", "the continuation is sent before the lease is handed over (delivery.deliver)",
         (Edit("tasks/delivery.py",
-              '        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", '
-              '"error"))\n'
+              '        _let_go(lease, handoff, rescue_soon=rescue_soon)\n'
               '        if handoff is not None:\n'
               '            send_next(run_id, handoff)\n',
               '        if handoff is not None:\n'
               '            send_next(run_id, handoff)\n'
-              '        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", '
-              '"error"))\n'),),
+              '        _let_go(lease, handoff, rescue_soon=rescue_soon)\n'),),
         # Without the probe the sender wins the race nearly always (the release is one round trip).
         # Every step through the broker: an inline step hands nothing over, so it could not show this.
         "steady", {"runs": 4, "slow_release_ms": 300}, ("healthy", "handoff_gap"), probes=(LET_GO_PROBE,), ci=True,

@@ -337,9 +337,17 @@ def claim(run: Run | str, token: str, step: int | None = None) -> Claim | None:
     The row is read inside the claim's transaction, locked: a snapshot read before the lease was taken
     may be stale (the previous holder, slow but alive, can have written checkpoint A, a card or a park
     since), and resuming from it would pay the model twice. The claim runs from what the row says."""
+    found = claim_or_row(run, token, step)
+    return found if isinstance(found, Claim) else None
+
+
+def claim_or_row(run: Run | str, token: str, step: int | None = None) -> Claim | Run | None:
+    """claim, saying why not: the Claim; else the row as the claim read it (locked, checkpoint
+    included), which was not live or not at `step`; None when there is no such run. A delivery judges
+    a wake-up from that row instead of reading the row once more before claiming (tasks.delivery)."""
     run_id = run if isinstance(run, str) else run.run_id
     c = in_raw_txn(_claim_raw, run_id, token, step) if one_trip() else in_txn(_claim_txn, run_id, token, step)
-    if c is not None and history.sealed_of(c.run.checkpoint):
+    if isinstance(c, Claim) and history.sealed_of(c.run.checkpoint):
         # A run longer than one history segment: its sealed segments, read after the claim (they never
         # change once written, and those the row names were committed with it or before).
         with transaction(readonly=True) as conn:
@@ -390,7 +398,7 @@ def _claim_of(run: Run, plan: _ClaimPlan, token: str, attempt_id: int) -> Claim:
                  previous_owner=run.owner, deliveries=plan.deliveries, total_deliveries=plan.total_deliveries)
 
 
-def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = None) -> Claim | None:
+def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = None) -> Claim | Run | None:
     row = conn.execute(_GET_RUN_LOCKED, {"w_run_id": run_id}).mappings().first()
     if row is None:
         return None
@@ -402,13 +410,13 @@ def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = Non
             return Claim(run=run, epoch=run.epoch, token=token, attempt_id=int(attempt), takeover=False,
                          previous_owner=None, deliveries=run.deliveries, total_deliveries=run.total_deliveries)
     if not _claimable(run, step):
-        return None
+        return run
     plan = _plan_claim(run)
     updated = change_state_txn(conn, run.run_id, LIVE_STATES, "running", at_epoch=run.epoch, what="claim",
                                epoch=plan.epoch, owner=token, deliveries=plan.deliveries,
                                total_deliveries=plan.total_deliveries, updated_at_ms=plan.now)
     if not updated:  # the row is locked: only a store without row locks gets here
-        return None
+        return run
     attempt_id = conn.execute(_INSERT_ATTEMPT, {
         "run_id": run.run_id, "step": run.step, "epoch": plan.epoch, "worker": token, "started_at_ms": plan.now,
     }).inserted_primary_key[0]  # type: ignore[index]
@@ -416,7 +424,7 @@ def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = Non
     return _claim_of(run, plan, token, int(attempt_id))
 
 
-def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Claim | None:
+def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Claim | Run | None:
     """_claim_txn in two round trips (MySQL/MariaDB): the locked read, then the compare-and-set with its
     attempt row, its ledger entry and the COMMIT as one query (each insert conditional on the update)."""
     cur.execute(_RAW_GET_LOCKED, (run_id,))
@@ -434,7 +442,7 @@ def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Cl
                          previous_owner=None, deliveries=run.deliveries, total_deliveries=run.total_deliveries)
     if not _claimable(run, step):
         cur.execute("COMMIT")
-        return None
+        return run
     plan = _plan_claim(run)
     for source in LIVE_STATES:  # the state change this is (change_state_txn's check, for the raw statement)
         if (source, "running") not in TRANSITIONS:
@@ -445,7 +453,7 @@ def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Cl
                              run_id, plan.now, plan.epoch, token, plan.kind, plan.reason, detail))
     out = results(cur)
     if out[0][0] != 1:  # the row is locked: only a store without row locks gets here
-        return None
+        return run
     return _claim_of(run, plan, token, int(out[2][1]))
 
 

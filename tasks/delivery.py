@@ -55,21 +55,13 @@ def _deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None
         # Held by someone, or handed over for another step: a duplicate or stale wake-up either way.
         log.warning("duplicate_dropped", run_id=run_id, step=step)
         return "duplicate"
-    elif not lease.took_handoff:
-        # The lease was free (the handoff expired, Redis lost it, the run ended, parked or was never
-        # claimed): ours for now, but the row decides, as it does for a rescue.
-        try:
-            skipped, _run = _look(run_id, step)
-        except BaseException:
-            _let_go(lease, None, rescue_soon=True)
-            raise
-        if skipped is not None:
-            # Let go with our index entry due now: a wake-up refused while we held the lease is rescued.
-            _let_go(lease, None, rescue_soon=True)
-            return skipped
-    # The lease is ours. A handoff taken for this step skipped the row read: the previous holder set it
-    # only after checkpoint B of step - 1 committed, so the row was at this step then; the claim reads
-    # the row locked and checks the step again (docs/design.md, "Round trips removed").
+    # The lease is ours. No row read before the claim: the claim reads the row locked and claims only a
+    # live run at this step; when it claims nothing, that row says why (`_judge`, as for a rescue). A
+    # handoff taken for this step says the row was at it (the previous holder set it only after checkpoint
+    # B of step - 1 committed). The lease found free (the handoff expired, Redis lost it, the run ended,
+    # parked, or this is its first wake-up) proves nothing: a refusal then lets it go with our index entry
+    # due now, so a wake-up refused while we held it is rescued (docs/design.md, "Round trips removed").
+    found_free = step is not None and not lease.took_handoff
     watchdog = get_watchdog(s.heartbeat_ms)
     began = time.monotonic()
     handoff: int | None = None
@@ -94,7 +86,8 @@ def _deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None
             ran, step, handoff = ran + 1, handoff, None
     finally:
         watchdog.untrack(lease)
-        _let_go(lease, handoff, rescue_soon=outcome in ("lease_lost", "store_unavailable", "error"))
+        rescue_soon = outcome in ("lease_lost", "store_unavailable", "error") or (outcome in _REFUSED and found_free)
+        _let_go(lease, handoff, rescue_soon=rescue_soon)
         if handoff is not None:
             send_next(run_id, handoff)
 
@@ -188,14 +181,11 @@ def _claim_and_run(run_id: str, step: int | None, lease: Lease, claimed: runs.Cl
             if lease.lost:
                 raise LeaseLost(run_id)
         else:
-            # The claim runs on the row as it is now, whatever the snapshot above said.
-            claim = runs.claim(run_id, lease.token, step)
-        if claim is None:
-            now = runs.peek_run(run_id)
-            if now is not None and now.terminal:
-                endings.repair(now)
-            log.info("not_live_at_claim", run_id=run_id, state=now.state if now else None)
-            return "skipped", None, None
+            # The claim runs on the row as it is now, whatever a snapshot read before it said.
+            found = runs.claim_or_row(run_id, lease.token, step)
+            if not isinstance(found, runs.Claim):
+                return _judge(run_id, step, found) or "skipped", None, None
+            claim = found
         lease.epoch = claim.epoch
         blog = log.bind(run_id=run_id, epoch=claim.epoch, step=claim.run.step)
         hooks.claimed(run_id, claim.epoch, claim.run.step, claim.run.agent)
@@ -231,14 +221,26 @@ def _claim_and_run(run_id: str, step: int | None, lease: Lease, claimed: runs.Cl
         return "store_unavailable", None, None
 
 
+# How a delivery ends when the row refuses its wake-up (`_judge`).
+_REFUSED = ("unknown", "skipped", "stale")
+
+
 def _look(run_id: str, step: int | None) -> tuple[str | None, runs.Run | None]:
-    """Read the row (without its checkpoint) before claiming: (how the delivery ends, None) when there is
-    nothing to do (unknown, ended, waiting, or at another step than `step`), else (None, the row)."""
+    """A rescue's read of the row (without its checkpoint) before it takes the lease: (how the delivery
+    ends, None) when there is nothing to do, else (None, the row)."""
     run = runs.peek_run(run_id)
+    skipped = _judge(run_id, step, run)
+    return (skipped, None) if skipped is not None else (None, run)
+
+
+def _judge(run_id: str, step: int | None, run: runs.Run | None) -> str | None:
+    """How the delivery ends by the row `run` (None: no such run): "unknown", "skipped" (ended or waiting),
+    "stale" (at another step than `step`); None when it is live at that step. An ended run's final event
+    and slot are repaired; a rescue that finds nothing to do is answered."""
     if run is None:
         log.warning("unknown_run", run_id=run_id)
         rescue_answered(run_id)
-        return "unknown", None
+        return "unknown"
     if run.terminal:
         # Its holder may have died between the terminal commit and the final event or the slot release.
         endings.repair(run)
@@ -246,11 +248,11 @@ def _look(run_id: str, step: int | None) -> tuple[str | None, runs.Run | None]:
         log.info("skip_not_live", run_id=run_id, epoch=run.epoch, state=run.state)
         if step is None:  # a rescue: answered
             rescue_answered(run_id)
-        return "skipped", None
+        return "skipped"
     if step is not None and step != run.step:
         log.info("stale_wakeup_dropped", run_id=run_id, epoch=run.epoch, message_step=step, run_step=run.step)
-        return "stale", None
-    return None, run
+        return "stale"
+    return None
 
 
 def _close(claim: runs.Claim, outcome: str, error: str) -> None:

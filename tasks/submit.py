@@ -98,7 +98,7 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
     except StoreUnavailable as exc:  # the stream is best effort; the row is the truth
         log.warning("queued_event_failed", run_id=run_id, epoch=0, error=repr(exc))
     try:
-        wakeup.send(run_id, None, "submit", kind=kind)
+        wakeup.send(run_id, 0, "submit", kind=kind)  # step 0: no row read before its claim
     except Exception as exc:  # any broker error: committed is committed, the sweeper sends the wake-up
         log.error("wakeup_send_failed", run_id=run_id, epoch=0, error=repr(exc))
     else:
@@ -325,7 +325,7 @@ def _wake(woken: list[runs.NewRun]) -> None:
         with wakeup.batch():  # one broker round trip for the batch's wake-ups
             for n in woken:
                 try:
-                    wakeup.send(n.run_id, None, "submit", kind=n.kind)
+                    wakeup.send(n.run_id, 0, "submit", kind=n.kind)
                 except Exception as exc:  # committed is committed: the sweeper sends the wake-up
                     log.error("wakeup_send_failed", run_id=n.run_id, epoch=0, error=repr(exc))
     except Exception as exc:  # the batch's flush failed: delivery uncertain, the sweeper repeats what was lost

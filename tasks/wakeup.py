@@ -2,7 +2,7 @@
 
 A wake-up carries the run id and the step it wakes (None: whatever step the run is at), nothing the
 run depends on; any number of copies may arrive and the run row decides what each does. Who sends:
-submit (the first wake-up, on the kind's queue, with the run id as its task id), a finished step's
+submit (the first wake-up, for step 0, on the kind's queue, with the run id as its task id), a finished step's
 continuation, a rescue (reaper, sweeper, fast takeover), a reply to a waiting run, a dead letter's
 replay, a reroute (a wake-up routed to a worker that went offline); those go on the continuation queue,
 consumed first. Under FENCED_ROUTING=reach (routing/, docs/routing.md) every one of them goes instead to

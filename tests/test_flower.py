@@ -81,6 +81,6 @@ def test_flower_lists_our_worker_and_run_agent_tasks_with_the_run_id(workers, fl
     assert {t["name"] for t in found} == {"fenced.run_agent"}
     assert {t["worker"] for t in found} == {node}
     assert run_id in {t["uuid"] for t in found}, "the first wake-up's task id is the run id"
-    # run_agent(run_id, step): the first wake-up carries no step, each continuation the step it wakes.
-    calls = sorted((tuple(ast.literal_eval(str(t["args"]))) for t in found), key=lambda a: (a[1] is not None, a[1]))
-    assert calls == [(run_id, None), (run_id, 2)], found
+    # run_agent(run_id, step): each wake-up carries the step it wakes (the first wake-up step 0).
+    calls = sorted((tuple(ast.literal_eval(str(t["args"]))) for t in found), key=lambda a: a[1])
+    assert calls == [(run_id, 0), (run_id, 2)], found

@@ -109,8 +109,8 @@ def test_a_delivery_that_meets_a_store_outage_lets_go_and_is_rescued(mysql_store
     def down(*_: Any, **__: Any) -> None:
         raise DatabaseUnavailable(sa.exc.OperationalError("claim", {}, Exception("server has gone away")))
 
-    monkeypatch.setattr(runs, "claim", down)
-    assert deliver(run_id, None, lambda *_: None) == "store_unavailable"
+    monkeypatch.setattr(runs, "claim_or_row", down)  # the delivery's claim
+    assert deliver(run_id, 0, lambda *_: None) == "store_unavailable"
     assert not redis_client.exists(keys.lease(run_id)), "the lease is let go"
     entries = redis_client.zrange(keys.lease_index(run_id), 0, -1, withscores=True)
     assert [m for m, score in entries if keys.index_run_id(m) == run_id and score <= now_ms()], entries
