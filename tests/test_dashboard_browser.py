@@ -443,5 +443,5 @@ def test_dashboard_shows_each_workers_routing_score_live(settings_env, workers, 
         why = until(browser, "the routing answer on the run page",
                     lambda: browser.find_element(By.CSS_SELECTOR, '#explain div[data-topic="routed"]').text)
         assert "Why did it go to the worker it went to?" in why, why
-        assert re.search(r"submit wake-up for step current routed to [ab]@\S+ \(score \d\.\d\d: freshness", why), why
+        assert re.search(r"submit wake-up for step 0 routed to [ab]@\S+ \(score \d\.\d\d: freshness", why), why
         assert "continuation wake-up" in why, why
