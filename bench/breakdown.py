@@ -2,10 +2,11 @@
 
 `measure(runs)` submits runs and drives each through `tasks.delivery.deliver` right here (the
 continuations it sends are real Celery messages to the real broker, removed afterwards), with each
-piece of the protocol wrapped in a timer: load, lease, claim, events (the first also raises the epoch
-mirror), checkpoint A, checkpoint B / terminal write, admission release, lease release, send. The
-model call and tools (the work plain Celery does too) are timed as `work`; `other` is the rest
-(Python, logging). For comparison, `plain_step_ms` times the same work plus one Celery send.
+piece of the protocol wrapped in a timer: lease, claim (its locked read is the only row read), events
+(the first also raises the epoch mirror), checkpoint A, checkpoint B / terminal write, admission
+release, lease release, send. The model call and tools (the work plain Celery does too) are timed as
+`work`; `other` is the rest (Python, logging). For comparison, `plain_step_ms` times the same work plus
+one Celery send.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from bench.work import QUERY, STEPS_PER_RUN
 
 # (label, module path, attribute): wrapped where the protocol looks them up.
 PIECES = (
-    ("load run row", "checkpoints.runs", "peek_run"),  # a rescue's read (no wake-up with a step reads it)
     ("lease acquire", "fencing.lease.Lease", "acquire"),
     ("claim (epoch + 1)", "checkpoints.runs", "claim_or_row"),  # its refusal is the row it read
     ("events", "fencing.events.Appends", "send"),  # events.append(_many) and a step's emit go through it

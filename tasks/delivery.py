@@ -44,7 +44,7 @@ def _deliver(run_id: str, step: int | None, send_next: Callable[[str, int], None
     if step is None:
         # A rescue (rescues carry no step): the row says whether there is anything to do, and which
         # step's handoff the rescue may take (a continuation lost after its handoff was set).
-        skipped, run = _look(run_id, None)
+        skipped, run = _look(run_id)
         if skipped is not None:
             return skipped
         assert run is not None
@@ -225,11 +225,11 @@ def _claim_and_run(run_id: str, step: int | None, lease: Lease, claimed: runs.Cl
 _REFUSED = ("unknown", "skipped", "stale")
 
 
-def _look(run_id: str, step: int | None) -> tuple[str | None, runs.Run | None]:
+def _look(run_id: str) -> tuple[str | None, runs.Run | None]:
     """A rescue's read of the row (without its checkpoint) before it takes the lease: (how the delivery
     ends, None) when there is nothing to do, else (None, the row)."""
     run = runs.peek_run(run_id)
-    skipped = _judge(run_id, step, run)
+    skipped = _judge(run_id, None, run)
     return (skipped, None) if skipped is not None else (None, run)
 
 

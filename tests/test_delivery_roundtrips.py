@@ -5,12 +5,15 @@ meanwhile is rescued on the reaper's next tick)."""
 
 from __future__ import annotations
 
+import json
+
 import examples.shopping  # noqa: F401 - registers the demo agent the deliveries run
 from checkpoints import runs
 from fencing import keys
 from fencing.lease import now_ms
-from tasks import submit_run
+from tasks import queues, submit_run
 from tasks.delivery import deliver
+from tasks.submit import SubmitRequest, submit_many
 
 QUERY = "wireless headphones under $100"
 
@@ -86,11 +89,6 @@ def test_a_wake_up_for_an_ended_run_is_judged_by_the_claims_read_and_repairs_it(
 def test_submit_sends_the_first_wake_up_for_step_0(store, redis_client):
     """The first wake-up carries step 0, so it takes the path above (no row read before the claim); a
     rescue's wake-up (no step) still reads the row first, to know which handoff it may take."""
-    import json
-
-    from tasks import queues
-    from tasks.submit import SubmitRequest, submit_many
-
     one = submit_run("u-step0", QUERY)
     many = [o.run_id for o in submit_many([SubmitRequest("u-step0-a", QUERY), SubmitRequest("u-step0-b", QUERY)])]
     messages = [json.loads(m) for m in redis_client.lrange(queues.for_kind("normal"), 0, -1)]
