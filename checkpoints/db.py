@@ -6,7 +6,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from tenacity import RetryCallState, retry, retry_if_exception, wait_random_exponential
 
+from checkpoints import sqlite_lock
 from fenced_core.errors import StoreUnavailable
 from fenced_core.settings import get_settings
 
@@ -54,12 +55,18 @@ def _make_engine(url: str) -> Engine:
             cur.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
             cur.close()
 
+        # How writers wait for the database's one write lock: checkpoints.sqlite_lock.
+        sqlite_lock.install(engine)
+
         @event.listens_for(engine, "begin")
         def _begin_immediate(conn: Connection) -> None:
             # Writers take the lock at BEGIN, so a read-then-write never fails with "database is locked";
             # readers (transaction(readonly=True)) stay deferred and never wait for a writer (WAL).
             readonly = conn.get_execution_options().get("fenced_readonly", False)
-            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+            if readonly:
+                conn.exec_driver_sql("BEGIN")
+            else:
+                sqlite_lock.begin_immediate(conn.connection.driver_connection, busy_ms / 1000)
 
         return engine
     settings = get_settings()
@@ -254,7 +261,11 @@ def transaction(url: str | None = None, readonly: bool = False) -> Iterator[Conn
     DatabaseUnavailable, whether it came from the connect, a statement or the commit."""
     _in_txn.depth = getattr(_in_txn, "depth", 0) + 1
     try:
-        with get_engine(url).connect() as conn:
+        engine = get_engine(url)
+        # SQLite's writers take turns before they take a pooled connection (checkpoints.sqlite_lock): a
+        # writer waiting for its turn holds none.
+        turn = nullcontext() if readonly else sqlite_lock.writing(engine)
+        with turn, engine.connect() as conn:
             if readonly:
                 conn = conn.execution_options(fenced_readonly=True)
             with conn.begin():
