@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,27 @@ def _other_process_writes(path: str) -> sqlite3.Connection:
     return other
 
 
+@contextmanager
+def _a_writer_of_this_process_inside(url: str, name: str = "first") -> Iterator[None]:
+    """A thread of this process inside a write transaction (one row written) until the block ends."""
+    inside, release = threading.Event(), threading.Event()
+
+    def write() -> None:
+        with db.transaction(url) as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+            inside.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=write, name=name)
+    thread.start()
+    try:
+        assert inside.wait(5)
+        yield
+    finally:
+        release.set()
+        thread.join(5)
+
+
 def test_writers_of_one_process_take_turns_before_they_begin(sqlite_url, monkeypatch):
     """While one writer of this process is inside its transaction, the next waits at the gate: it has not
     begun (so it is not asleep in SQLite's busy handler), and it goes on once the first has committed."""
@@ -39,27 +62,16 @@ def test_writers_of_one_process_take_turns_before_they_begin(sqlite_url, monkeyp
     real = sqlite_lock.begin_immediate
     monkeypatch.setattr(sqlite_lock, "begin_immediate", lambda c, s: (begun.append(threading.current_thread().name),
                                                                      real(c, s))[1])
-    inside, release = threading.Event(), threading.Event()
-
-    def first() -> None:
-        with db.transaction(sqlite_url) as conn:
-            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
-            inside.set()
-            release.wait(5)
 
     def second() -> None:
         with db.transaction(sqlite_url) as conn:
             conn.exec_driver_sql("INSERT INTO t VALUES (2)")
 
-    a = threading.Thread(target=first, name="first")
     b = threading.Thread(target=second, name="second")
-    a.start()
-    assert inside.wait(5)
-    b.start()
-    b.join(0.2)
-    assert b.is_alive() and begun == ["first"], f"the second writer began while the first wrote: {begun}"
-    release.set()
-    a.join(5)
+    with _a_writer_of_this_process_inside(sqlite_url):
+        b.start()
+        b.join(0.2)
+        assert b.is_alive() and begun == ["first"], f"the second writer began while the first wrote: {begun}"
     b.join(5)
     assert begun == ["first", "second"]
     with db.transaction(sqlite_url, readonly=True) as conn:
@@ -67,23 +79,9 @@ def test_writers_of_one_process_take_turns_before_they_begin(sqlite_url, monkeyp
 
 
 def test_a_reader_does_not_wait_for_this_processs_writer(sqlite_url):
-    inside, release = threading.Event(), threading.Event()
-
-    def writer() -> None:
-        with db.transaction(sqlite_url) as conn:
-            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
-            inside.set()
-            release.wait(5)
-
-    t = threading.Thread(target=writer)
-    t.start()
-    try:
-        assert inside.wait(5)
+    with _a_writer_of_this_process_inside(sqlite_url):
         with db.transaction(sqlite_url, readonly=True) as conn:  # would wait on the gate up to 0.4 s, then fail
             assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 0
-    finally:
-        release.set()
-        t.join(5)
 
 
 def test_the_waiter_looks_again_while_another_process_writes_and_then_begins(sqlite_url, tmp_path):
@@ -120,23 +118,9 @@ def test_each_wait_is_bounded_and_transient(sqlite_url, tmp_path):
 
 
 def test_a_writer_of_this_process_stuck_inside_its_transaction_costs_a_bounded_wait(sqlite_url):
-    inside, release = threading.Event(), threading.Event()
-
-    def stuck() -> None:
-        with db.transaction(sqlite_url) as conn:
-            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
-            inside.set()
-            release.wait(5)
-
-    t = threading.Thread(target=stuck)
-    t.start()
-    try:
-        assert inside.wait(5)
+    with _a_writer_of_this_process_inside(sqlite_url):
         with pytest.raises(StoreUnavailable) as exc:
             with db.transaction(sqlite_url):
                 pass
         assert "this process's other writers" in str(exc.value)
         assert isinstance(exc.value, sa.exc.OperationalError)
-    finally:
-        release.set()
-        t.join(5)
