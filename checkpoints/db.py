@@ -6,7 +6,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,7 +56,7 @@ def _make_engine(url: str) -> Engine:
             cur.close()
 
         # How writers wait for the database's one write lock: checkpoints.sqlite_lock.
-        sqlite_lock.install(engine)
+        sqlite_lock.install(engine, busy_ms / 1000)
 
         @event.listens_for(engine, "begin")
         def _begin_immediate(conn: Connection) -> None:
@@ -264,8 +264,7 @@ def transaction(url: str | None = None, readonly: bool = False) -> Iterator[Conn
         engine = get_engine(url)
         # SQLite's writers take turns before they take a pooled connection (checkpoints.sqlite_lock): a
         # writer waiting for its turn holds none.
-        turn = nullcontext() if readonly else sqlite_lock.writing(engine)
-        with turn, engine.connect() as conn:
+        with sqlite_lock.turn(engine, readonly), engine.connect() as conn:
             if readonly:
                 conn = conn.execution_options(fenced_readonly=True)
             with conn.begin():

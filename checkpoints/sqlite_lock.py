@@ -23,41 +23,49 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-
-from fenced_core.settings import get_settings
 
 _GATE = "fenced_writer_gate"
 FIRST_LOOK_S = 0.0001
 LOOK_EVERY_S = 0.0002  # the most a waiter sleeps between looks
 
 
-def install(engine: Engine) -> None:
-    """Give a SQLite engine its writers' gate (one per engine, in the process that made it)."""
-    setattr(engine, _GATE, threading.Lock())
+@dataclass(frozen=True)
+class _Gate:
+    lock: threading.Lock
+    busy_s: float  # the engine's FENCED_SQLITE_BUSY_TIMEOUT_MS, as its connections' busy timeout
+
+
+def install(engine: Engine, busy_s: float) -> None:
+    """Give a SQLite engine its writers' gate (one per engine, in the process that made it); a writer waits
+    for it at most `busy_s`, as for the database's lock."""
+    setattr(engine, _GATE, _Gate(threading.Lock(), busy_s))
+
+
+def turn(engine: Engine, readonly: bool) -> AbstractContextManager[None]:
+    """What a transaction holds around itself: a writer of a SQLite engine, its writers' gate (`writing`);
+    a reader, or any transaction on an engine without a gate (MySQL/MariaDB), nothing."""
+    gate: _Gate | None = getattr(engine, _GATE, None)
+    return nullcontext() if readonly or gate is None else writing(gate)
 
 
 @contextmanager
-def writing(engine: Engine) -> Iterator[None]:
+def writing(gate: _Gate) -> Iterator[None]:
     """Hold this process's writers' gate around a write transaction, from before it takes a pooled
     connection (a writer waiting here holds none) to after its COMMIT or ROLLBACK, waiting for it at most
-    FENCED_SQLITE_BUSY_TIMEOUT_MS. Nothing for an engine without one (MySQL/MariaDB)."""
-    gate: threading.Lock | None = getattr(engine, _GATE, None)
-    if gate is None:
-        yield
-        return
-    busy_s = get_settings().sqlite_busy_timeout_ms / 1000
-    if not gate.acquire(timeout=busy_s):
+    the engine's busy timeout."""
+    if not gate.lock.acquire(timeout=gate.busy_s):
         raise sa.exc.OperationalError("BEGIN IMMEDIATE", None, sqlite3.OperationalError(
-            f"database is locked (this process's other writers held it for {busy_s:g} s)"))
+            f"database is locked (this process's other writers held it for {gate.busy_s:g} s)"))
     try:
         yield
     finally:
-        gate.release()
+        gate.lock.release()
 
 
 def begin_immediate(dbapi_conn: Any, busy_s: float) -> None:

@@ -35,8 +35,8 @@ def _other_process_writes(path: str) -> sqlite3.Connection:
 
 
 @contextmanager
-def _a_writer_of_this_process_inside(url: str, name: str = "first") -> Iterator[None]:
-    """A thread of this process inside a write transaction (one row written) until the block ends."""
+def _a_writer_of_this_process_inside(url: str) -> Iterator[None]:
+    """A thread ("first") of this process inside a write transaction (one row written) until the block ends."""
     inside, release = threading.Event(), threading.Event()
 
     def write() -> None:
@@ -45,7 +45,7 @@ def _a_writer_of_this_process_inside(url: str, name: str = "first") -> Iterator[
             inside.set()
             release.wait(5)
 
-    thread = threading.Thread(target=write, name=name)
+    thread = threading.Thread(target=write, name="first")
     thread.start()
     try:
         assert inside.wait(5)
