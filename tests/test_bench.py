@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from bench.breakdown import CPU_PASSES
 from bench.cli import ONE_BY_ONE
 from harness.workers import REPO_ROOT
 
@@ -37,6 +38,9 @@ def test_smoke_run_measures_every_section(tmp_path):
         b = r["breakdown"][store]
         assert b["cpu_ms_per_step"] > 0 and "function calls" in b["profile"]
         assert b["inline_steps"] == 8 and b["one_step_per_delivery"]["cpu_ms_per_step"] > 0, "both ways measured"
+        for measured in (b, b["plain_step"]):  # the figure is the median pass, every pass kept
+            passes = measured["cpu_ms_per_step_passes"]
+            assert len(passes) == CPU_PASSES and measured["cpu_ms_per_step"] == sorted(passes)[CPU_PASSES // 2], passes
         assert (tmp_path / f"profile-{store}-smoke.txt").exists()
         assert b["steps"] == 12  # 3 runs x 4 steps
         for piece in ("claim (epoch + 1)", "checkpoint A", "checkpoint B", "events", "send"):
