@@ -37,11 +37,13 @@ def deliver_here(runs: int) -> None:
     from bench.breakdown import drive
     from bench.work import QUERY
     from checkpoints.db import migrate
+    from fenced_core.settings import get_settings
     from tasks import submit_run
 
     migrate()
+    inline = get_settings().inline_steps  # as a worker would, FENCED_INLINE_STEPS (main sets 8)
     for i in range(WARM_RUNS + runs):
-        drive(submit_run(f"instr-{i}-{time.time_ns()}", QUERY), lambda _ms: None, inline=8)
+        drive(submit_run(f"instr-{i}-{time.time_ns()}", QUERY), lambda _ms: None, inline=inline)
 
 
 def instructions(runs: int, env: dict[str, str]) -> int:
@@ -81,11 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     counted = {n: instructions(n, env) for n in sizes}
     steps = (sizes[-1] - sizes[0]) * STEPS_PER_RUN
     per_step = (counted[sizes[-1]] - counted[sizes[0]]) / steps
-    from importlib import metadata
+    from bench.stores import machine
 
-    versions = {p: metadata.version(p) for p in ("redis", "celery", "kombu", "SQLAlchemy", "PyMySQL")}
     print(json.dumps({"instructions_per_step": round(per_step), "steps_between": steps,
-                      "instructions_by_runs": counted, "versions": versions}, indent=2))
+                      "instructions_by_runs": counted, "machine": machine()}, indent=2))
     return 0
 
 
