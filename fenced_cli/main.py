@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -259,7 +260,6 @@ def events(
 def _follow(run_id: str) -> None:
     """Print each event once as it is appended (merged by id, as the live view), until the run's final
     event; a run that ended before we looked prints what it has and stops."""
-    import time
 
     from tasks import service
 
@@ -359,6 +359,8 @@ def main() -> None:
     from checkpoints.db import is_missing_schema, set_retry_window
     from fenced_core.settings import get_settings, safe_url
 
+    started = time.monotonic()
+
     if "FENCED_DB_RETRY_S" not in os.environ:
         # A person at a prompt: a database outage is reported after a few seconds, not a worker's minute.
         # Set in this process only: the workers this command starts keep their own window.
@@ -373,9 +375,9 @@ def main() -> None:
             typer.echo(f"error: the run store {safe_url(get_settings().db_url)} has no schema yet: "
                        "run `fenced migrate` (workers also create it when they start)", err=True)
             sys.exit(2)
-        from checkpoints.db import retry_window_s
-
-        typer.echo(f"error: run store unreachable after {retry_window_s():g} s of retries: "
+        # The time it really took: each attempt may itself wait (SQLite's busy timeout on a locked file), so
+        # the retry window alone would understate it.
+        typer.echo(f"error: run store unreachable after {time.monotonic() - started:.0f} s of retries: "
                    f"{exc.orig or exc}", err=True)
         sys.exit(1)
 
