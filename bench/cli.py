@@ -1,6 +1,7 @@
 """`python -m bench` / `fenced bench`: every benchmark figure in one run, written as JSON, markdown and PNG.
 
-Sections (all by default): throughput (plain Celery, fenced on MariaDB and SQLite, DBOS), breakdown
+Sections (all by default): throughput (plain Celery, fenced on MariaDB and SQLite, DBOS), submit (one client's
+submits/s through submit_run and submit_many against plain Celery's apply_async, no workers), breakdown
 (where a fenced step's time goes), checkpoint (size per step), growth (detection cost at 100 / 1k / 10k
 runs in flight), takeover (kill -> task_resumed at a 30 s and a 3 s lease), longrun (50-step runs: step cost and
 checkpoint bytes at steps 5, 20 and 50), inflight (1,000 runs with a 2 s model call on 2 workers: steps/s against
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("throughput", "breakdown", "checkpoint", "growth", "takeover", "longrun", "inflight")
+SECTIONS = ("throughput", "submit", "breakdown", "checkpoint", "growth", "takeover", "longrun", "inflight")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -85,6 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.model_ms:
                 result["throughput_model"] = _throughput(args, stores, say, step_ms=args.model_ms)
         mariadb = stores.urls["mariadb"]
+        if "submit" in args.only:
+            stores.flush_redis()
+            with using(stores.redis_url, mariadb, **LIMITS):
+                from bench import submit
+
+                runs = 20 if args.smoke else SUBMITS
+                say(f"submit: {runs} submits from one client each way, no workers")
+                result["submit"] = submit.run(runs, list(SUBMIT_BATCHES))
+                say(f"  best fenced {result['submit']['best_fenced_per_s']} submits/s")
         if "breakdown" in args.only:
             result["breakdown"] = {}
             for store, url in stores.urls.items():
@@ -154,6 +164,10 @@ def _throughput(args: argparse.Namespace, stores: Any, say: Any, step_ms: int = 
         out.append(r)
     return out
 
+
+# The submit section: submits from one client each way, and the submit_many batch sizes (bench.submit).
+SUBMITS = 1000
+SUBMIT_BATCHES = (50, 100)
 
 # Admission and billing limits lifted for the long and in-flight runs (thousands of runs for a few users).
 LIMITS = {"FENCED_MAX_QUEUED_RUNS": "10000000", "FENCED_MAX_RUNS_PER_USER": "10000000",

@@ -34,6 +34,13 @@ def test_smoke_run_measures_every_section(tmp_path):
     names.remove(ONE_BY_ONE)
     model = r["throughput_model"]
     assert [c["name"] for c in model] == names and all(c["done"] == c["runs"] == 8 for c in model)
+    sub = r["submit"]  # no workers: each phase ended with a message (and a fenced run row) per submit
+    assert [x["name"] for x in sub["phases"]] == ["submit_run", "submit_many (batches of 50)",
+                                                  "submit_many (batches of 100)", "plain Celery apply_async"]
+    for x in sub["phases"]:
+        assert x["submits"] == x["messages_waiting"] == 20 and x["per_s"] > 0, x
+        assert x["run_rows"] == (None if x["name"].startswith("plain") else 20), x
+    assert sub["best_fenced_per_s"] == max(x["per_s"] for x in sub["phases"][:3])
     for store in ("mariadb", "sqlite"):
         b = r["breakdown"][store]
         assert b["cpu_ms_per_step"] > 0 and "function calls" in b["profile"]
@@ -63,7 +70,10 @@ def test_smoke_run_measures_every_section(tmp_path):
     assert t["ok"] and t["n"] > 0 and t["p95"] < t["target_p95_ms"], t
     md = (tmp_path / "benchmarks.md").read_text()
     assert "fenced (mariadb) client CPU per step <= 1.5 ms" in md and "Round trips per step" in md
+    best = f"{sub['best_fenced_per_s']:,.0f}/s"
+    assert f"| one client submits >= 500 runs/s on MariaDB (submit_run or submit_many) | {best} (" in md
     for heading in ("## Targets", "## Throughput and latency", "### With a model that takes 200 ms",
+                    "## Submission from one client",
                     "## Where a fenced step's time goes",
                     "## Takeover latency", "## Detection cost", "## Checkpoint size", "Smoke run"):
         assert heading in md
