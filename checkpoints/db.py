@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -233,6 +234,7 @@ def db_retry(fn: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(fn)
     def first_then_retry(*args: Any, **kwargs: Any) -> T:
+        started = time.monotonic()
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
@@ -240,9 +242,23 @@ def db_retry(fn: Callable[..., T]) -> Callable[..., T]:
                 raise
             log.warning("db_retry", attempt=1, fn=getattr(fn, "__qualname__", "?"), sleep_s=0.0,
                         error=repr(exc)[:300])
-        return _tenacity_retry(fn)(*args, **kwargs)
+        try:
+            return _tenacity_retry(fn)(*args, **kwargs)
+        except Exception as exc:
+            setattr(exc, _RETRIED_S, time.monotonic() - started)
+            raise
 
     return first_then_retry
+
+
+_RETRIED_S = "fenced_retried_s"
+
+
+def retried_s(exc: BaseException) -> float | None:
+    """How long the transaction that raised `exc` was tried, first attempt to last failure (None: it was
+    not retried). Longer than the retry window when each attempt waits itself (SQLite's busy timeout)."""
+    value = getattr(exc, _RETRIED_S, None)
+    return value if isinstance(value, float) else None
 
 
 _in_txn = threading.local()
@@ -358,9 +374,13 @@ HEAD_REVISION = "0006"
 
 
 def schema_revision(engine: Engine) -> str | None:
-    """The revision Alembic recorded in this database; None when it has none (or cannot be read)."""
+    """The revision Alembic recorded in this database; None when it has none (or cannot be read).
+
+    A read (on SQLite a deferred transaction, as transaction(readonly=True) takes): it must not wait for
+    the write lock, or a writer holding it would make a store already at head look unversioned."""
     try:
         with engine.connect() as conn:
+            conn = conn.execution_options(fenced_readonly=True)
             return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
     except sa.exc.DBAPIError:
         return None

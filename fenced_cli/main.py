@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -260,6 +259,7 @@ def events(
 def _follow(run_id: str) -> None:
     """Print each event once as it is appended (merged by id, as the live view), until the run's final
     event; a run that ended before we looked prints what it has and stops."""
+    import time
 
     from tasks import service
 
@@ -359,8 +359,6 @@ def main() -> None:
     from checkpoints.db import is_missing_schema, set_retry_window
     from fenced_core.settings import get_settings, safe_url
 
-    started = time.monotonic()
-
     if "FENCED_DB_RETRY_S" not in os.environ:
         # A person at a prompt: a database outage is reported after a few seconds, not a worker's minute.
         # Set in this process only: the workers this command starts keep their own window.
@@ -375,9 +373,12 @@ def main() -> None:
             typer.echo(f"error: the run store {safe_url(get_settings().db_url)} has no schema yet: "
                        "run `fenced migrate` (workers also create it when they start)", err=True)
             sys.exit(2)
+        from checkpoints.db import retried_s, retry_window_s
+
         # The time it really took: each attempt may itself wait (SQLite's busy timeout on a locked file), so
         # the retry window alone would understate it.
-        typer.echo(f"error: run store unreachable after {time.monotonic() - started:.0f} s of retries: "
-                   f"{exc.orig or exc}", err=True)
+        took = retried_s(exc)
+        typer.echo(f"error: run store unreachable after {retry_window_s() if took is None else took:.0f} s of "
+                   f"retries: {exc.orig or exc}", err=True)
         sys.exit(1)
 
