@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import examples.shopping  # noqa: F401  (registers the demo agent: tests deliver runs in this process too)
-
 ROOT = Path(__file__).resolve().parents[1]
 MYSQL_URL = os.environ.get("FENCED_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/fenced_test")
 REDIS_URL = os.environ.get("FENCED_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -30,6 +28,10 @@ TEST_ENV = {
     "FENCED_STUB_COUNT_PAID": "1",
 }
 os.environ.update(TEST_ENV)
+# Only now anything of ours: importing it reads the settings (cached for the process), and the Celery app
+# its broker URL, so an earlier import would point this process at the default Redis and database
+# whatever FENCED_TEST_REDIS_URL / FENCED_TEST_MYSQL_URL say (tests/test_conftest_env.py).
+import examples.shopping  # noqa: E402, F401  (registers the demo agent: tests deliver runs in this process too)
 
 
 def _services_up() -> bool:
