@@ -171,6 +171,24 @@ def resumed_at_ms(run_id: str, after_ms: float) -> int | None:
     return None
 
 
+def watch_state(run_id: str) -> str:
+    """What watches a run in Redis right now, for a takeover that comes late: its lease (value, ms
+    left), its rescue marker (holder, ms left) and its entries in the reaper's index (due in ms)."""
+    client = get_redis()
+    now = time.time() * 1000
+    pipe = client.pipeline(transaction=False)
+    pipe.get(keys.lease(run_id))
+    pipe.pttl(keys.lease(run_id))
+    pipe.get(keys.rescue(run_id))
+    pipe.pttl(keys.rescue(run_id))
+    pipe.zrange(keys.lease_index(run_id), 0, -1, withscores=True)
+    lease, lease_ms, marker, marker_ms, index = pipe.execute()
+    entries = [f"{member} due in {score - now:.0f} ms" for member, score in index
+               if keys.index_run_id(member) == run_id]
+    return (f"lease {lease!r} ({lease_ms} ms left), rescue marker {marker!r} ({marker_ms} ms left), "
+            f"index entries: {', '.join(entries) or 'none'}")
+
+
 def control_charge(submit: Callable[[str, str], str], timeout_s: float) -> int | None:
     """Credits an unkilled run of the standard query costs (the chaos verdict compares against it)."""
     run_id = submit("chaos-control", QUERIES[0])

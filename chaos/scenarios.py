@@ -30,6 +30,7 @@ from chaos.harness import (
     rows,
     wait_for,
     wait_terminal,
+    watch_state,
 )
 from chaos.nodes import DatabaseNode, RedisNode, WorkerNode
 from chaos.report import ScenarioResult, percentile
@@ -554,6 +555,9 @@ def hang(cfg: ChaosConfig, times: int = 5, progress: Progress = print) -> Scenar
                     continue
                 result.acted += 1
                 hung_ms = time.time() * 1000
+                late = _late_takeover(run_id, hung_ms, bound_ms)
+                if late:
+                    result.notes.append(f"{run_id}: not taken over at the bound; then {late}")
                 wait_terminal([run_id], cfg.timeout_s)
                 at = resumed_at_ms(run_id, hung_ms)
                 history = ledger.history(run_id)
@@ -576,6 +580,16 @@ def hang(cfg: ChaosConfig, times: int = 5, progress: Progress = print) -> Scenar
                 result.fail(bad, "stream", "dead-lettered, but the stream does not end with run_dead")
             progress(f"hang ({pool}): a step hanging at every delivery was dead-lettered")
     return result
+
+
+def _late_takeover(run_id: str, hung_ms: float, bound_ms: float) -> str | None:
+    """Waits until the run is taken over or the bound passes; at the bound, what watches the run in
+    Redis (so a late takeover says why), else None."""
+    while time.time() * 1000 < hung_ms + bound_ms:
+        if resumed_at_ms(run_id, hung_ms) is not None:
+            return None
+        time.sleep(0.25)
+    return None if resumed_at_ms(run_id, hung_ms) is not None else watch_state(run_id)
 
 
 SCENARIOS = {"kill": kill, "zombie": zombie, "wipe": wipe, "db-restart": db_restart, "poison": poison,

@@ -156,6 +156,18 @@ def is_missing_schema(exc: BaseException) -> bool:
     return isinstance(exc, sa.exc.DBAPIError) and any(m in str(exc.orig) for m in _MISSING_SCHEMA)
 
 
+# MySQL/MariaDB errors that say the connection settings are wrong, not that the server is away, so no
+# retry can help: access denied to the database (1044), for the user (1045; 1698 without a password),
+# no such database (1049). Also the codes mysqlclient reports.
+_CONFIG_ERRORS = frozenset({1044, 1045, 1049, 1698})
+
+
+def is_config_error(exc: BaseException) -> bool:
+    """The server refused the connection's settings (user, password, database name): FENCED_DB_URL is wrong."""
+    args = getattr(getattr(exc, "orig", None), "args", ())
+    return isinstance(exc, sa.exc.DBAPIError) and bool(args) and args[0] in _CONFIG_ERRORS
+
+
 def is_transient_db_error(exc: BaseException) -> bool:
     """Connection-level failures (server restarting, dropped socket, deadlock/lock wait): worth retrying.
 
@@ -163,7 +175,7 @@ def is_transient_db_error(exc: BaseException) -> bool:
     checkpoints catches StoreUnavailable instead of asking this."""
     if isinstance(exc, StoreUnavailable):
         return True
-    if is_missing_schema(exc):
+    if is_missing_schema(exc) or is_config_error(exc):
         return False
     if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
         return True

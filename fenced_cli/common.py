@@ -143,6 +143,11 @@ class _RetryNotice(logging.Filter):
         if not _RetryNotice.shown:
             _RetryNotice.shown = True
             from checkpoints.db import retry_window_s
+            from fenced_core.settings import get_settings
 
-            typer.echo(f"waiting for the run store (retrying for up to {retry_window_s():g} s)…", err=True)
+            s = get_settings()
+            # On SQLite each try itself waits for the write lock, so the whole wait can be twice the window.
+            each = (f", each try waiting up to {s.sqlite_busy_timeout_ms / 1000:g} s for the write lock"
+                    if s.db_url.startswith("sqlite") else "")
+            typer.echo(f"waiting for the run store (retrying for up to {retry_window_s():g} s{each})…", err=True)
         return False

@@ -373,12 +373,18 @@ def main() -> None:
             typer.echo(f"error: the run store {safe_url(get_settings().db_url)} has no schema yet: "
                        "run `fenced migrate` (workers also create it when they start)", err=True)
             sys.exit(2)
-        from checkpoints.db import retried_s, retry_window_s
+        from checkpoints.db import is_config_error, retried_s
 
+        if is_config_error(exc):
+            typer.echo(f"error: the run store {safe_url(get_settings().db_url)} refused the connection: "
+                       f"{exc.orig} (check FENCED_DB_URL)", err=True)
+            sys.exit(2)
         # The time it really took: each attempt may itself wait (SQLite's busy timeout on a locked file), so
         # the retry window alone would understate it.
         took = retried_s(exc)
-        typer.echo(f"error: run store unreachable after {retry_window_s() if took is None else took:.0f} s of "
-                   f"retries: {exc.orig or exc}", err=True)
+        if took is None:  # not a transient error: it was never retried
+            typer.echo(f"error: run store error: {exc.orig or exc}", err=True)
+        else:
+            typer.echo(f"error: run store unreachable after {took:.0f} s of retries: {exc.orig or exc}", err=True)
         sys.exit(1)
 

@@ -43,15 +43,23 @@ def rescue_many(run_ids: Sequence[str], grace_ms: int, reason: str, send: Send) 
     rescuer = process_token()
     marked = registered.execute_all(client, [scripts.rescue(run_id, grace_ms=grace_ms, rescuer=rescuer)
                                              for run_id in run_ids])
-    chosen = [run_id for run_id, mark in zip(run_ids, marked, strict=True) if mark]
+    chosen = [run_id for run_id, (code, _ms) in zip(run_ids, marked, strict=True) if code == 1]
+    # A rescue already out (its marker blocks this one): that rescue's own index entry watches the run
+    # until the marker expires, unless its rescuer died between the marker and the entry, or a path that
+    # pops entries (the reaper) just took the last one. Re-added if missing (NX: never moved), due when
+    # the marker expires, so whoever found the run unwatched never leaves it so.
+    blocked = {run_id: int(ms) for run_id, (code, ms) in zip(run_ids, marked, strict=True) if code == 2}
     if not chosen:
+        if blocked:
+            _watch_blocked(client, blocked, reason)
         return []
     # Watched like a lease before the wake-up goes out: if no delivery takes the run within the grace (the
     # wake-up was swallowed by a worker that froze holding it, lost, or never sent because this process
     # died first), the reaper finds this entry and rescues again. The delivery that takes the lease
     # removes it (Lease.acquire).
     pipe = client.pipeline(transaction=False)
-    deadline = now_ms() + grace_ms
+    now = now_ms()
+    deadline = now + grace_ms
     for run_id in chosen:
         pipe.zadd(keys.lease_index(run_id), {keys.index_member(run_id, keys.RESCUE_HOLDER): deadline})
         pipe.get(keys.epoch(run_id))
@@ -59,6 +67,7 @@ def rescue_many(run_ids: Sequence[str], grace_ms: int, reason: str, send: Send) 
         # A batch (a dead process's runs): for a while inline steps yield to what waits on the continuation
         # queue even with a slot free (tasks.delivery._goes_on); a few runs find free slots like any wake-up.
         pipe.set(keys.RESCUES_UNDER_WAY, rescuer, px=RESCUE_YIELD_MS)
+    _queue_blocked(pipe, blocked, now, reason)
     mirrors = pipe.execute()[1:2 * len(chosen):2]
     for run_id in chosen:
         send(run_id)
@@ -69,6 +78,21 @@ def rescue_many(run_ids: Sequence[str], grace_ms: int, reason: str, send: Send) 
     except Exception as exc:  # the wake-ups are out; the records are best effort
         log.warning("rescue_record_failed", runs=len(chosen), error=repr(exc))
     return chosen
+
+
+def _queue_blocked(pipe: object, blocked: dict[str, int], now: int, reason: str) -> None:
+    """Queue on `pipe` the rescue index entry (NX) of each run whose rescue another is already out for,
+    due when that rescue's marker expires; says so in the log (why this call sent nothing)."""
+    for run_id, marker_ms in blocked.items():
+        pipe.zadd(keys.lease_index(run_id),  # type: ignore[attr-defined]
+                  {keys.index_member(run_id, keys.RESCUE_HOLDER): now + marker_ms}, nx=True)
+        log.info("rescue_already_out", run_id=run_id, reason=reason, marker_ms=marker_ms)
+
+
+def _watch_blocked(client: object, blocked: dict[str, int], reason: str) -> None:
+    pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
+    _queue_blocked(pipe, blocked, now_ms(), reason)
+    pipe.execute()
 
 
 def reap(send: Send, lease_ttl_ms: int, batch: int = 100) -> list[str]:

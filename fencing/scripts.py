@@ -161,7 +161,8 @@ def append_event(run_id: str, *, epoch: int, maxlen: int, fields: Sequence[str])
 
 
 def rescue(run_id: str, *, grace_ms: int, rescuer: str) -> Call:
-    """rescue.lua: "no lease and no rescue out within `grace_ms`" marks one. Reply 1 send a wake-up, 0 not."""
+    """rescue.lua: "no lease and no rescue out within `grace_ms`" marks one. Reply [1, 0] send a wake-up,
+    [0, 0] the lease lives, [2, ms] a rescue is already out and its marker blocks another for ms more."""
     return Call("rescue", (k.lease(run_id), k.rescue(run_id)), (grace_ms, rescuer))
 
 

@@ -102,12 +102,29 @@ def _on_worker_init(**_: Any) -> None:
     from fenced_core.settings import get_settings
 
     s = get_settings()
-    migrate()
+    _migrate_or_refuse(migrate)
     _refuse_if_epochs_behind()
     if s.lease_ttl_ms < 3 * s.heartbeat_ms:
         log.warning("lease_under_three_heartbeats", lease_ttl_ms=s.lease_ttl_ms, heartbeat_ms=s.heartbeat_ms)
     log.info("worker_init", lease_ttl_ms=s.lease_ttl_ms, heartbeat_ms=s.heartbeat_ms,
              reaper_tick_ms=s.reaper_tick_ms, sweeper_interval_ms=s.sweeper_interval_ms)
+
+
+def _migrate_or_refuse(migrate: Any) -> None:
+    """Bring the schema to head; a store that refuses the connection's settings (a wrong user, password
+    or database name: nothing a retry can fix) stops the worker before it consumes anything, in one line.
+    A store that is down is not refused: the worker rides the outage out like any other."""
+    from checkpoints.db import is_config_error
+    from fenced_core.settings import get_settings, safe_url
+
+    try:
+        migrate()
+    except Exception as exc:
+        if not is_config_error(exc):
+            raise
+        log.error("run_store_refused", error=repr(getattr(exc, "orig", exc)))
+        raise SystemExit(f"fenced worker refuses to start: the run store {safe_url(get_settings().db_url)} "
+                         f"refused the connection: {getattr(exc, 'orig', exc)} (check FENCED_DB_URL)") from None
 
 
 def _refuse_if_epochs_behind() -> None:

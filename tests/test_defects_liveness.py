@@ -136,6 +136,39 @@ def test_a_rescue_no_delivery_answers_is_sent_again(redis_client):
     assert answered.count("ra") == 1, "the answered rescue is not sent again"
 
 
+def test_a_run_whose_entry_is_popped_while_another_rescue_is_out_stays_watched(redis_client):
+    """The reaper pops an expired holder's entry, then finds a rescue marker out: that rescue's index
+    entry was the run's only other watcher, and a rescuer that dies between its marker and its entry
+    leaves none. The run then had no lease, no entry and no message until the sweeper (a grace later);
+    now the blocked rescue re-adds the rescue entry, due when the marker expires."""
+    holder = Lease("rb", 300)
+    assert holder.acquire(None)
+    redis_client.delete(keys.lease("rb"))  # the holder froze: its lease ran out
+    redis_client.set(keys.rescue("rb"), "a-rescuer-that-died", px=700)  # its marker, never its entry
+    time.sleep(0.35)
+    sent: list[str] = []
+    assert reaper.reap(sent.append, 300) == [] and sent == [], "the marker blocks a second rescue"
+    assert _index_members(redis_client, "rb") == ["rescue|rb"], "popped, the run must stay watched"
+    due = redis_client.zscore(keys.lease_index("rb"), "rescue|rb")
+    assert 0 < due - time.time() * 1000 <= 700, "due when the marker expires, not later"
+    time.sleep(0.45)
+    assert reaper.reap(sent.append, 300) == ["rb"] and sent == ["rb"], "rescued once the marker expired"
+
+
+def test_a_late_hang_takeover_says_what_watched_the_run(redis_client):
+    """`fenced chaos` notes, for a hang takeover past its bound, the run's lease, marker and index
+    entries at the bound (a miss with nothing to read was once left unexplained)."""
+    from chaos.harness import watch_state
+
+    assert watch_state("rw").endswith("index entries: none") and "lease None (-2 ms left)" in watch_state("rw")
+    holder = Lease("rw", 5000)
+    assert holder.acquire(None)
+    redis_client.set(keys.rescue("rw"), "someone", px=9000)
+    said = watch_state("rw")
+    assert f"lease {holder.token!r}" in said and "rescue marker 'someone'" in said
+    assert f"{holder.member} due in" in said
+
+
 def test_a_process_presumed_dead_with_300_leases_is_rescued_in_a_fixed_number_of_round_trips(
         mysql_store, redis_client, settings_env):
     """Issue 17: under the 1,000-run load one killed worker held ~500 runs, rescued one by one (six round

@@ -116,6 +116,41 @@ def test_a_database_that_is_down_fails_after_a_short_retry_with_one_line(tmp_pat
     assert took < 40, "the CLI does not wait a worker's minute"
 
 
+@pytest.mark.parametrize("url_part, said", [("nobody:wrong@{hostport}/test", "Access denied for user 'nobody'"),
+                                             ("{userhost}/fenced_no_such_db", "Unknown database 'fenced_no_such_db'")])
+def test_wrong_database_settings_fail_at_once_naming_the_url(url_part, said, redis_client, tmp_path):
+    """A wrong user, password or database name is no outage: no retry window ("unreachable after 5 s of
+    retries" it used to say), one line naming the store (password masked) and FENCED_DB_URL; and a worker
+    given it refuses to start instead of failing every delivery."""
+    from sqlalchemy.engine import make_url
+
+    server = make_url(MYSQL_URL)
+    url = f"{server.drivername}://" + url_part.format(hostport=f"{server.host}:{server.port or 3306}",
+                                                     userhost=f"{server.username}@{server.host}:{server.port or 3306}")
+    started = time.monotonic()
+    proc = fenced("submit", "buy a hat", FENCED_DB_URL=url)
+    assert proc.returncode == 2, proc.stderr
+    error = one_line_error(proc)
+    assert error.startswith("error: the run store ") and said in error and "(check FENCED_DB_URL)" in error
+    assert "wrong" not in error, "the password is masked"
+    assert time.monotonic() - started < 5, "not retried"
+    assert redis_client.zcard("fenced:{admission}:user:cli") == 0, "the refused submit holds no admission slot"
+
+    from harness.workers import WorkerProcess
+
+    worker = WorkerProcess("refused", log_path=tmp_path / "w.log", concurrency=1)
+    worker.env["FENCED_DB_URL"] = url
+    worker.start(wait_ready=False)
+    assert worker.proc is not None
+    try:
+        assert worker.proc.wait(60) != 0
+    finally:
+        worker.stop()
+    logs = worker.logs()
+    assert "fenced worker refuses to start: the run store " in logs and said in logs, logs[-2000:]
+    assert "ready." not in logs, "it consumed nothing"
+
+
 def test_a_locked_sqlite_file_fails_saying_how_long_it_really_waited(tmp_path, redis_client):
     """Each attempt on a locked SQLite file waits its busy timeout (5 s) before failing, so the CLI's
     5 s retry window ends after two of them: the message says the ~10 s it took, not the window. Reading
@@ -137,7 +172,8 @@ def test_a_locked_sqlite_file_fails_saying_how_long_it_really_waited(tmp_path, r
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     notice, error = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert notice.startswith("waiting for the run store (retrying for up to 5 s)"), proc.stderr
+    assert notice.startswith("waiting for the run store (retrying for up to 5 s, each try waiting up to 5 s "
+                             "for the write lock)"), proc.stderr
     said = re.match(r"error: run store unreachable after (\d+) s of retries: database is locked$", error)
     assert said, proc.stderr
     assert took - 2 <= int(said[1]) <= took + 1, (said[1], took)

@@ -123,12 +123,13 @@ def test_rescue_once_while_lease_gone(redis_client):
     k = [keys.lease("r7"), keys.rescue("r7")]
     lease = Lease("r7", 2000)
     lease.acquire(0)
-    assert scripts("rescue", k, [1000, "reaper-a"]) == 0, "no rescue while the lease lives"
+    assert scripts("rescue", k, [1000, "reaper-a"]) == [0, 0], "no rescue while the lease lives"
     redis_client.delete(keys.lease("r7"))
-    assert scripts("rescue", k, [300, "reaper-a"]) == 1
-    assert scripts("rescue", k, [300, "reaper-b"]) == 0, "a second reaper must not rescue again"
+    assert scripts("rescue", k, [300, "reaper-a"]) == [1, 0]
+    code, marker_ms = scripts("rescue", k, [300, "reaper-b"])
+    assert code == 2 and 0 < marker_ms <= 300, "a second reaper must not rescue again; it learns for how long"
     time.sleep(0.35)
-    assert scripts("rescue", k, [300, "reaper-b"]) == 1, "after the grace period a rescue may go out again"
+    assert scripts("rescue", k, [300, "reaper-b"]) == [1, 0], "after the grace period a rescue may go out again"
 
 
 def test_pop_expired_removes_only_past_deadlines_once(redis_client):
