@@ -164,7 +164,7 @@ _CONFIG_ERRORS = frozenset({1044, 1045, 1049, 1698})
 
 def is_config_error(exc: BaseException) -> bool:
     """The server refused the connection's settings (user, password, database name): FENCED_DB_URL is wrong."""
-    args = getattr(getattr(exc, "orig", None), "args", ())
+    args: tuple[Any, ...] = getattr(getattr(exc, "orig", None), "args", ())
     return isinstance(exc, sa.exc.DBAPIError) and bool(args) and args[0] in _CONFIG_ERRORS
 
 
