@@ -19,7 +19,7 @@ from tenacity import RetryCallState, retry, retry_if_exception, wait_random_expo
 
 from checkpoints import sqlite_lock
 from fenced_core.errors import StoreUnavailable
-from fenced_core.settings import get_settings
+from fenced_core.settings import get_settings, safe_url
 
 _lock = threading.Lock()
 _engines: dict[tuple[int, str], Engine] = {}
@@ -166,6 +166,12 @@ def is_config_error(exc: BaseException) -> bool:
     """The server refused the connection's settings (user, password, database name): FENCED_DB_URL is wrong."""
     args: tuple[Any, ...] = getattr(getattr(exc, "orig", None), "args", ())
     return isinstance(exc, sa.exc.DBAPIError) and bool(args) and args[0] in _CONFIG_ERRORS
+
+
+def refused_message(exc: BaseException) -> str:
+    """What the CLI and a refusing worker say about a config error (the URL with its password masked)."""
+    return (f"the run store {safe_url(get_settings().db_url)} refused the connection: "
+            f"{getattr(exc, 'orig', None) or exc} (check FENCED_DB_URL)")
 
 
 def is_transient_db_error(exc: BaseException) -> bool:

@@ -373,11 +373,10 @@ def main() -> None:
             typer.echo(f"error: the run store {safe_url(get_settings().db_url)} has no schema yet: "
                        "run `fenced migrate` (workers also create it when they start)", err=True)
             sys.exit(2)
-        from checkpoints.db import is_config_error, retried_s
+        from checkpoints.db import is_config_error, refused_message, retried_s
 
         if is_config_error(exc):
-            typer.echo(f"error: the run store {safe_url(get_settings().db_url)} refused the connection: "
-                       f"{exc.orig} (check FENCED_DB_URL)", err=True)
+            typer.echo(f"error: {refused_message(exc)}", err=True)
             sys.exit(2)
         # The time it really took: each attempt may itself wait (SQLite's busy timeout on a locked file), so
         # the retry window alone would understate it.

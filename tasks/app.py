@@ -114,8 +114,7 @@ def _migrate_or_refuse(migrate: Any) -> None:
     """Bring the schema to head; a store that refuses the connection's settings (a wrong user, password
     or database name: nothing a retry can fix) stops the worker before it consumes anything, in one line.
     A store that is down is not refused: the worker rides the outage out like any other."""
-    from checkpoints.db import is_config_error
-    from fenced_core.settings import get_settings, safe_url
+    from checkpoints.db import is_config_error, refused_message
 
     try:
         migrate()
@@ -123,8 +122,7 @@ def _migrate_or_refuse(migrate: Any) -> None:
         if not is_config_error(exc):
             raise
         log.error("run_store_refused", error=repr(getattr(exc, "orig", exc)))
-        raise SystemExit(f"fenced worker refuses to start: the run store {safe_url(get_settings().db_url)} "
-                         f"refused the connection: {getattr(exc, 'orig', exc)} (check FENCED_DB_URL)") from None
+        raise SystemExit(f"fenced worker refuses to start: {refused_message(exc)}") from None
 
 
 def _refuse_if_epochs_behind() -> None:
