@@ -213,8 +213,12 @@ class StepRunner:
 
     def _note_a_lost_model_call(self) -> None:
         """A takeover before checkpoint A: if the old holder's model call for this step had answered (its
-        decision event is in the stream), that call was paid and lost; say whose cost it is."""
-        lost = [e for e in events.read(self.run_id)
+        decision event is in the stream), that call was paid and lost; say whose cost it is.
+
+        Only the events after the run's last checkpoint are read: that checkpoint recorded the stream's
+        newest event it covered, and any decision of this step by a lost holder came after it (the step
+        began after that checkpoint). The read stays the size of one step, not of the run's history."""
+        lost = [e for e in events.read(self.run_id, after=self.c.run.last_event_id or "-")
                 if e.eid == f"s{self.step}:decision" and e.epoch < self.c.epoch]
         if lost:
             runs.record_fenced(self.c, "model_call_lost",
