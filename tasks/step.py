@@ -218,7 +218,7 @@ class StepRunner:
         Only the events after the run's last checkpoint are read: that checkpoint recorded the stream's
         newest event it covered, and any decision of this step by a lost holder came after it (the step
         began after that checkpoint). The read stays the size of one step, not of the run's history."""
-        lost = [e for e in events.read(self.run_id, after=self.c.run.last_event_id or "-")
+        lost = [e for e in events.read(self.run_id, after=self.c.run.last_event_id)
                 if e.eid == f"s{self.step}:decision" and e.epoch < self.c.epoch]
         if lost:
             runs.record_fenced(self.c, "model_call_lost",

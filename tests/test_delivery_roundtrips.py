@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import examples.shopping  # noqa: F401 - registers the demo agent the deliveries run
-from checkpoints import runs
-from fencing import keys
+from checkpoints import ledger, runs
+from fencing import events, keys
 from fencing.lease import now_ms
 from tasks import queues, submit_run
 from tasks.delivery import deliver
@@ -106,10 +106,6 @@ def test_a_takeover_reads_only_the_events_since_the_last_checkpoint(store, redis
     run's last checkpoint, not in the whole stream: that read stays one step long however long the run
     (issue 17: at step 20 the whole stream cost ~0.9 ms of CPU per takeover), and the lost call is still
     noted as the platform's cost."""
-    from checkpoints import ledger
-    from fencing import events
-    from tasks import step as step_module
-
     run_id = submit_run("u-lost-call", QUERY)
     sent: list[int] = []
     assert deliver(run_id, None, lambda _r, s: sent.append(s)) == "continue"
@@ -140,7 +136,7 @@ def test_a_takeover_reads_only_the_events_since_the_last_checkpoint(store, redis
         reads.append((after, [e.stream_id for e in found]))
         return found
 
-    monkeypatch.setattr(step_module.events, "read", spy)
+    monkeypatch.setattr(events, "read", spy)
     assert deliver(run_id, None, lambda _r, s: sent.append(s)) in ("continue", "done")
     assert reads, "the takeover looked for a lost decision"
     after, read_ids = reads[0]
