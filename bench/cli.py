@@ -1,6 +1,7 @@
 """`python -m bench` / `fenced bench`: every benchmark figure in one run, written as JSON, markdown and PNG.
 
-Sections (all by default): throughput (plain Celery, fenced on MariaDB and SQLite, DBOS), submit (one client's
+Sections (all by default): throughput (plain Celery, fenced on MariaDB and SQLite, DBOS; at zero latency in
+`--rounds` interleaved rounds, compared round by round), submit (one client's
 submits/s through submit_run and submit_many against plain Celery's apply_async, no workers), breakdown
 (where a fenced step's time goes), checkpoint (size per step), growth (detection cost at 100 / 1k / 10k
 runs in flight), takeover (kill -> task_resumed at a 30 s and a 3 s lease), longrun (50-step runs: step cost and
@@ -36,6 +37,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-runs", type=int, help="runs timed one at a time (default 100, smoke 5)")
     p.add_argument("--model-ms", type=int, default=200,
                    help="the second throughput pass: stub model latency per step (0 = skip that pass)")
+    p.add_argument("--rounds", type=int,
+                   help="zero-latency throughput: rounds of every contender, interleaved (default 3, smoke 2)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--inflight-runs", type=int, help="inflight: runs kept in flight (default 1000, smoke 40)")
@@ -52,6 +55,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     args.runs = args.runs or (20 if args.smoke else 400)
     args.latency_runs = args.latency_runs or (5 if args.smoke else 100)
+    args.rounds = args.rounds or (2 if args.smoke else 3)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     args.results = args.results or ROOT / "bench" / "results"
     args.docs = args.docs or (args.results if args.smoke else ROOT / "docs")
     return args
@@ -65,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.stores import BenchStores, machine, using
 
     started = time.monotonic()
-    params = {"runs": args.runs, "latency_runs": args.latency_runs, "workers": args.workers,
+    params = {"runs": args.runs, "latency_runs": args.latency_runs, "rounds": args.rounds, "workers": args.workers,
               "concurrency": args.concurrency, "model_ms": args.model_ms}
     result: dict[str, Any] = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "smoke": args.smoke,
                               "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
@@ -145,7 +151,6 @@ def _throughput(args: argparse.Namespace, stores: Any, say: Any, step_ms: int = 
     runs = args.runs if not step_ms else max(8, args.runs // 4)
     p = tp.Params(runs=runs, latency_runs=0 if step_ms else args.latency_runs, workers=args.workers,
                   concurrency=args.concurrency, log_dir=stores.base, step_ms=step_ms)
-    out = []
     contenders: list[tuple[str, Any]] = [("plain Celery", lambda: tp.plain(p))]
     for store, url in stores.urls.items():
         contenders.append((f"fenced on {store}", lambda s=store, u=url: tp.fenced(p, s, stores.redis_url, u)))
@@ -156,13 +161,19 @@ def _throughput(args: argparse.Namespace, stores: Any, say: Any, step_ms: int = 
                                                          name=ONE_BY_ONE)))
     if not args.no_dbos:
         contenders.append(("DBOS", lambda: tp.dbos(p, stores.dbos_url)))
-    for name, run in contenders:
-        stores.flush_redis()
-        say(f"throughput: {name}, model {step_ms} ms per step")
-        r = run().to_dict()
-        say(f"  {r['runs_per_s']} runs/s, step p50 {r['step_latency_ms']['p50']} ms")
-        out.append(r)
-    return out
+    # Zero-latency figures move with a shared VM's speed from one minute to the next: every contender runs
+    # in each round, rounds one after another, so each ratio compares passes seconds apart (bench.report).
+    rounds = 1 if step_ms else args.rounds
+    passes: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in contenders}
+    for k in range(rounds):
+        for name, run in contenders:
+            stores.flush_redis()
+            which = f", round {k + 1} of {rounds}" if rounds > 1 else ""
+            say(f"throughput: {name}, model {step_ms} ms per step{which}")
+            r = run().to_dict()
+            say(f"  {r['runs_per_s']} runs/s, step p50 {r['step_latency_ms']['p50']} ms")
+            passes[name].append(r)
+    return [tp.combine(ps) for ps in passes.values()]
 
 
 # The submit section: submits from one client each way, and the submit_many batch sizes (bench.submit).
@@ -213,8 +224,8 @@ def _takeover(args: argparse.Namespace, stores: Any, say: Any) -> list[dict[str,
 
 def _healthy(r: dict[str, Any]) -> bool:
     """Every run the benchmark started finished and passed its checks (speed is not judged here)."""
-    ok = all(c["done"] == c["runs"] and not c["failed_checks"]
-             for c in r.get("throughput", []) + r.get("throughput_model", []))
+    ok = all(x["done"] == x["runs"] and not x["failed_checks"]
+             for c in r.get("throughput", []) + r.get("throughput_model", []) for x in c.get("passes", [c]))
     inflight = r.get("inflight")
     ok = ok and (inflight is None or inflight["runs_passed"] == inflight["params"]["runs"])
     return ok and all(t["ok"] for t in r.get("takeover", []))

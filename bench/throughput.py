@@ -61,6 +61,16 @@ class Result:
                 "failed_checks": self.failed_checks}
 
 
+def combine(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One contender's interleaved passes (`Result.to_dict()` each, in round order) as one figure: the pass
+    with the median runs/s stands for it (its latency too), every pass is kept under `passes`, and the
+    failed checks of every pass are listed (a promise broken in any round shows)."""
+    if len(passes) == 1:
+        return passes[0]
+    middle = sorted(passes, key=lambda x: x["runs_per_s"])[(len(passes) - 1) // 2]
+    return {**middle, "passes": passes, "failed_checks": [c for x in passes for c in x["failed_checks"]]}
+
+
 @dataclass
 class Params:
     runs: int = 400
