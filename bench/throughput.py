@@ -63,12 +63,16 @@ class Result:
 
 def combine(passes: list[dict[str, Any]]) -> dict[str, Any]:
     """One contender's interleaved passes (`Result.to_dict()` each, in round order) as one figure: the pass
-    with the median runs/s stands for it (its latency too), every pass is kept under `passes`, and the
-    failed checks of every pass are listed (a promise broken in any round shows)."""
+    with the median runs/s stands for it (its latency too), every pass is kept under `passes`, and what went
+    wrong in any round shows in the figure: every pass's failed checks, and a note for each round that did
+    not finish its runs."""
     if len(passes) == 1:
         return passes[0]
     middle = sorted(passes, key=lambda x: x["runs_per_s"])[(len(passes) - 1) // 2]
-    return {**middle, "passes": passes, "failed_checks": [c for x in passes for c in x["failed_checks"]]}
+    short = [f"round {k}: {x['done']} of {x['runs']} runs done"
+             for k, x in enumerate(passes, 1) if x["done"] != x["runs"]]
+    return {**middle, "passes": passes, "failed_checks": [c for x in passes for c in x["failed_checks"]],
+            "notes": [*middle["notes"], *short]}
 
 
 @dataclass

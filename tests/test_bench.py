@@ -191,3 +191,20 @@ def test_targets_compare_the_contenders_round_by_round():
     one = [{k: v for k, v in c.items() if k != "passes"} for c in (plain, fenced)]  # 120 / 200
     found = {t: (v, ok) for t, v, ok in targets({"throughput": one})}
     assert found["fenced (mariadb) throughput >= 0.7 x plain Celery"] == ("0.60 x", False)
+
+
+def test_a_contender_of_several_rounds_shows_what_went_wrong_in_any_of_them():
+    """bench.throughput.combine: the median round stands for the contender, but a broken promise or an
+    unfinished round elsewhere is not hidden behind it (and `fenced bench` exits 1 on either)."""
+    from bench.cli import _healthy
+    from bench.throughput import combine
+
+    def one(rps: float, done: int = 20, failed: tuple[str, ...] = ()) -> dict:
+        return {"name": "fenced on mariadb", "runs": 20, "done": done, "runs_per_s": rps, "notes": ["batched"],
+                "failed_checks": list(failed)}
+
+    c = combine([one(90, failed=("r1: two cards",)), one(80), one(70, done=19)])
+    assert c["runs_per_s"] == 80 and c["done"] == 20 and len(c["passes"]) == 3
+    assert c["failed_checks"] == ["r1: two cards"] and c["notes"] == ["batched", "round 3: 19 of 20 runs done"]
+    assert not _healthy({"throughput": [combine([one(90), one(80), one(70, done=19)])]})
+    assert _healthy({"throughput": [combine([one(90), one(80), one(70)])]})
