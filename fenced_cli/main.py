@@ -178,8 +178,9 @@ def flower(
 
 @app.command()
 def bench(
-    only: Annotated[str | None, typer.Option(help="Comma-separated sections: throughput, breakdown, checkpoint, "
-                                                  "growth, takeover (default: all).")] = None,
+    only: Annotated[str | None, typer.Option(help="Comma-separated sections: throughput, submit, breakdown, "
+                                                  "checkpoint, growth, takeover, longrun, inflight (default: all)."
+                                             )] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="Tiny sizes: checks the harness, measures nothing.")]
     = False,
     runs: Annotated[int | None, typer.Option(min=1, help="Throughput burst size (default 400, smoke 20).")] = None,
@@ -187,6 +188,8 @@ def bench(
     = None,
     model_ms: Annotated[int, typer.Option(min=0, help="Second throughput pass: model latency per step (0 = skip).")]
     = 200,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Zero-latency throughput: rounds of every contender, "
+                                                          "interleaved (default 3, smoke 2).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes per contender.")] = 2,
     concurrency: Annotated[int, typer.Option(min=1, help="Concurrency per worker.")] = 4,
     no_dbos: Annotated[bool, typer.Option("--no-dbos", help="Leave DBOS out (needs PostgreSQL and `dbos`).")]
@@ -206,7 +209,8 @@ def bench(
         fail(f"the benchmark is not installed here ({exc}); from a checkout: pip install -e '.[bench]'")
     argv = [*(["--only", only] if only else []), *(["--smoke"] if smoke else []),
             *(["--runs", str(runs)] if runs else []), *(["--latency-runs", str(latency_runs)] if latency_runs else []),
-            "--model-ms", str(model_ms), "--workers", str(workers), "--concurrency", str(concurrency),
+            "--model-ms", str(model_ms), *(["--rounds", str(rounds)] if rounds else []),
+            "--workers", str(workers), "--concurrency", str(concurrency),
             *(["--no-dbos"] if no_dbos else []), *(["--results", str(results)] if results else []),
             *(["--docs", str(docs)] if docs else []), *(["--render", str(render)] if render else [])]
     raise typer.Exit(bench_main(argv))

@@ -148,3 +148,19 @@ def test_cancel_then_cancel_again_is_a_clear_noop(sqlite_store: Path, redis_clie
     assert second.exit_code == 0 and "already cancelled: nothing to cancel" in second.stdout
     status = json.loads(runner.invoke(app, ["status", run_id, "--json"]).stdout)
     assert status["state"] == "cancelled"
+
+
+def test_bench_passes_its_options_on_to_the_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fenced bench` is `python -m bench` behind typer: what it is given reaches the benchmark's argv (the
+    interleaved rounds included), and a value the benchmark would refuse is refused here first."""
+    import bench.cli
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(bench.cli, "main", lambda argv: seen.append(argv) or 0)
+    ok = runner.invoke(app, ["bench", "--only", "throughput", "--rounds", "5", "--no-dbos", "--model-ms", "0"])
+    assert ok.exit_code == 0, ok.output
+    (argv,) = seen
+    assert argv[argv.index("--rounds") + 1] == "5" and argv[argv.index("--only") + 1] == "throughput", argv
+    assert "--no-dbos" in argv and bench.cli.parse(argv).rounds == 5
+    refused = runner.invoke(app, ["bench", "--rounds", "0"])
+    assert refused.exit_code == 2 and "--rounds" in refused.output and len(seen) == 1
