@@ -48,6 +48,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--results", type=Path, help="where the JSON goes (default bench/results)")
     p.add_argument("--docs", type=Path, help="where benchmarks.md and .png go (default docs; smoke: --results)")
     p.add_argument("--render", type=Path, metavar="JSON", help="only write the markdown and PNG from saved results")
+    p.add_argument("--history", type=Path, nargs="+", metavar="JSON",
+                   help="only print every target over these saved full runs, as one markdown table (oldest first)")
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
     unknown = set(args.only) - set(SECTIONS)
@@ -67,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.render:
         _render(json.loads(args.render.read_text()), args.docs)
+        return 0
+    if args.history:
+        from bench.report import history
+
+        saved = sorted((json.loads(path.read_text()) for path in args.history), key=lambda r: r["date"])
+        print(history(saved), end="")
         return 0
     from bench.stores import BenchStores, machine, using
 

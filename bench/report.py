@@ -342,6 +342,26 @@ def _claim_gaps(w: dict[str, Any]) -> list[str]:
             f"{g.get('max')} (n {g.get('n')}) |" for how, g in split.items()]
 
 
+def history(results: list[dict[str, Any]]) -> str:
+    """A markdown table of every target over several full runs (oldest first): each target's measured value
+    and whether it was met, run by run. A target a run did not measure reads `-`."""
+    runs = [(f"{r['date'].removesuffix(' UTC')}, {_cpu(r)}", {t: (v.split(" (")[0], ok) for t, v, ok in targets(r)})
+            for r in results]
+    names = list(dict.fromkeys(t for _, found in runs for t in found))
+    lines = ["| target (UTC; machine) | " + " | ".join(run for run, _ in runs) + " |",
+             "|---|" + "---|" * len(runs)]
+    for name in names:
+        cells = [f"{found[name][0]}{'' if found[name][1] else ' **NO**'}" if name in found else "-"
+                 for _, found in runs]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu(r: dict[str, Any]) -> str:
+    """`AMD EPYC`: the machine's CPU without its size (the same figures differ markedly between machines)."""
+    return str(r.get("machine", {}).get("cpu", "?")).split(",")[0].replace("(R)", "").removesuffix(" Processor")
+
+
 def _by_round(a: dict[str, Any], b: dict[str, Any], compare: Callable[[dict[str, Any], dict[str, Any]], float],
               fmt: str) -> tuple[float, str]:
     """`compare(a's pass, b's pass)` round by round (bench.throughput.combine keeps every interleaved pass),

@@ -208,3 +208,33 @@ def test_a_contender_of_several_rounds_shows_what_went_wrong_in_any_of_them():
     assert c["failed_checks"] == ["r1: two cards"] and c["notes"] == ["batched", "round 3: 19 of 20 runs done"]
     assert not _healthy({"throughput": [combine([one(90), one(80), one(70, done=19)])]})
     assert _healthy({"throughput": [combine([one(90), one(80), one(70)])]})
+
+
+def test_the_history_table_shows_every_target_run_by_run(tmp_path, capsys):
+    """`python -m bench --history A.json B.json`: one row per target, one column per run (oldest first, by
+    the run's date, with its machine), each cell the measured value, marked NO when missed; a target a run
+    did not measure reads `-`."""
+    from bench.cli import main
+
+    def result(date: str, cpu: str, plain: float, fenced: float) -> dict:
+        def c(name: str, rps: float, p50: float) -> dict:
+            return {"name": name, "runs_per_s": rps, "step_latency_ms": {"p50": p50}}
+        return {"date": f"{date} UTC", "machine": {"cpu": f"{cpu}, 2 cores, 24 GiB"},
+                "throughput": [c("plain Celery", plain, 1.0), c("fenced on mariadb", fenced, 2.5)]}
+
+    newer, older = tmp_path / "b.json", tmp_path / "a.json"
+    newer.write_text(json.dumps(result("2026-12-06 22:04", "AMD EPYC", 200, 160)))
+    only_submit = {"date": "2026-12-05 12:50 UTC", "machine": {"cpu": "Intel(R) Xeon(R) Processor, 2 cores"},
+                   "submit": {"target_per_s": 500, "best_fenced_per_s": 2300.0, "met": True,
+                              "phases": [{"name": "submit_many (batches of 100)", "per_s": 2300.0, "run_rows": 20}]}}
+    older.write_text(json.dumps(only_submit))
+    assert main(["--history", str(newer), str(older)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| target (UTC; machine) | 2026-12-05 12:50, Intel Xeon | 2026-12-06 22:04, AMD EPYC |"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
+    assert rows["fenced (mariadb) throughput >= 0.7 x plain Celery"].endswith("| - | 0.80 x |")
+    assert rows["fenced (mariadb) step overhead <= 2 ms p50 over plain Celery"].endswith("| - | 1.5 ms |")
+    assert rows["one client submits >= 500 runs/s on MariaDB (submit_run or submit_many)"].endswith("| 2,300/s | - |")
+    newer.write_text(json.dumps(result("2026-12-06 22:04", "AMD EPYC", 200, 100)))
+    assert main(["--history", str(newer)]) == 0
+    assert "| 0.50 x **NO** |" in capsys.readouterr().out
