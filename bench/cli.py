@@ -23,7 +23,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("throughput", "submit", "breakdown", "checkpoint", "growth", "takeover", "longrun", "inflight")
@@ -43,7 +43,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--inflight-runs", type=int, help="inflight: runs kept in flight (default 1000, smoke 40)")
     p.add_argument("--inflight-concurrency", type=int, help="inflight: worker concurrency (default 500, smoke 20)")
-    p.add_argument("--inflight-pool", default="gevent", help="inflight: the workers' pool (gevent, threads)")
+    p.add_argument("--inflight-pool", default="gevent", choices=("gevent", "threads"),
+                   help="inflight: the workers' pool")
     p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (it needs PostgreSQL and `dbos`)")
     p.add_argument("--results", type=Path, help="where the JSON goes (default bench/results)")
     p.add_argument("--docs", type=Path, help="where benchmarks.md and .png go (default docs; smoke: --results)")
@@ -68,12 +69,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.render:
-        _render(json.loads(args.render.read_text()), args.docs)
+        _render(_saved(args.render), args.docs)
         return 0
     if args.history:
         from bench.report import history
 
-        saved = sorted((json.loads(path.read_text()) for path in args.history), key=lambda r: r["date"])
+        saved = sorted((_saved(path) for path in args.history), key=lambda r: r["date"])
         print(history(saved), end="")
         return 0
     from bench.stores import BenchStores, machine, using
@@ -263,6 +264,23 @@ def kept_sections(page: Path) -> str:
     text = page.read_text() if page.exists() else ""
     at = text.find(KEPT)
     return "" if at < 0 else "\n" + text[at:]
+
+
+def _saved(path: Path) -> dict[str, Any]:
+    """A saved full run (bench/results/bench-*.json); a file that is not one stops the command in one line."""
+    try:
+        r = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        _refuse(f"cannot read saved results {path}: {exc}")
+    if not isinstance(r, dict) or "date" not in r:
+        _refuse(f"{path} is not a saved `fenced bench` run (it has no date)")
+    return r
+
+
+def _refuse(message: str) -> NoReturn:
+    """Bad input from the command line: one line on stderr, exit 2 (as argparse does)."""
+    print(f"python -m bench: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _render(r: dict[str, Any], docs: Path) -> str:

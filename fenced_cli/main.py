@@ -198,6 +198,15 @@ def bench(
     docs: Annotated[Path | None, typer.Option(help="Where benchmarks.md and .png go (default docs).")] = None,
     render: Annotated[Path | None, typer.Option(help="Only redraw the report from saved results (a JSON file).")]
     = None,
+    history: Annotated[list[Path] | None, typer.Option(help="Only print every target over saved full runs (JSON "
+                                                            "files, the option once per file) as one table.")]
+    = None,
+    inflight_runs: Annotated[int | None, typer.Option(min=1, help="In flight: runs kept in flight (default 1000).")]
+    = None,
+    inflight_concurrency: Annotated[int | None, typer.Option(min=1, help="In flight: worker concurrency "
+                                                                        "(default 500).")] = None,
+    inflight_pool: Annotated[str, typer.Option(help="In flight: the workers' pool (gevent or threads).")]
+    = "gevent",
 ) -> None:
     """The benchmarks: plain Celery vs fenced (MariaDB, SQLite) vs DBOS, step breakdown, takeover, growth.
 
@@ -212,7 +221,11 @@ def bench(
             "--model-ms", str(model_ms), *(["--rounds", str(rounds)] if rounds else []),
             "--workers", str(workers), "--concurrency", str(concurrency),
             *(["--no-dbos"] if no_dbos else []), *(["--results", str(results)] if results else []),
-            *(["--docs", str(docs)] if docs else []), *(["--render", str(render)] if render else [])]
+            *(["--docs", str(docs)] if docs else []), *(["--render", str(render)] if render else []),
+            *(["--history", *map(str, history)] if history else []),
+            *(["--inflight-runs", str(inflight_runs)] if inflight_runs else []),
+            *(["--inflight-concurrency", str(inflight_concurrency)] if inflight_concurrency else []),
+            "--inflight-pool", inflight_pool]
     raise typer.Exit(bench_main(argv))
 
 

@@ -238,3 +238,11 @@ def test_the_history_table_shows_every_target_run_by_run(tmp_path, capsys):
     newer.write_text(json.dumps(result("2026-12-06 22:04", "AMD EPYC", 200, 100)))
     assert main(["--history", str(newer)]) == 0
     assert "| 0.50 x **NO** |" in capsys.readouterr().out
+    (tmp_path / "not-a-run.json").write_text("[1]")
+    for bad, says in ((tmp_path / "missing.json", "cannot read saved results"), (tmp_path / "not-a-run.json",
+                                                                                  "is not a saved `fenced bench` run")):
+        with pytest.raises(SystemExit) as refused:
+            main(["--history", str(newer), str(bad)])
+        assert refused.value.code == 2
+        err = capsys.readouterr().err
+        assert says in err and str(bad) in err and err.count("\n") == 1, err

@@ -164,3 +164,12 @@ def test_bench_passes_its_options_on_to_the_benchmark(monkeypatch: pytest.Monkey
     assert "--no-dbos" in argv and bench.cli.parse(argv).rounds == 5
     refused = runner.invoke(app, ["bench", "--rounds", "0"])
     assert refused.exit_code == 2 and "--rounds" in refused.output and len(seen) == 1
+    ok = runner.invoke(app, ["bench", "--only", "inflight", "--inflight-runs", "40", "--inflight-concurrency", "20",
+                             "--inflight-pool", "threads", "--history", "a.json", "--history", "b.json"])
+    assert ok.exit_code == 0, ok.output
+    parsed = bench.cli.parse(seen[-1])
+    assert (parsed.inflight_runs, parsed.inflight_concurrency, parsed.inflight_pool) == (40, 20, "threads"), seen[-1]
+    assert [str(p) for p in parsed.history] == ["a.json", "b.json"], seen[-1]
+    with pytest.raises(SystemExit) as bad:  # the benchmark's own parser names the field and the choices
+        bench.cli.parse(["--inflight-pool", "prefork"])
+    assert bad.value.code == 2
