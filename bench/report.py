@@ -22,14 +22,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     for store in ("mariadb", "sqlite"):
         fenced = tp.get(f"fenced on {store}")
         if plain and fenced:
-            ratio, spread = _by_round(fenced, plain, lambda x, y: x["runs_per_s"] / y["runs_per_s"], ".2f")
+            ratio, spread = _by_round(fenced, plain, _throughput_ratio, ".2f")
             out.append((f"fenced ({store}) throughput >= 0.7 x plain Celery", f"{ratio:.2f} x{spread}", ratio >= 0.7))
             over, spread = _by_round(fenced, plain, _step_overhead, ".1f")
             out.append((f"fenced ({store}) step overhead <= 2 ms p50 over plain Celery", f"{over:.1f} ms{spread}",
                         over <= 2))
         dbos = tp.get("DBOS on PostgreSQL")
         if fenced and dbos:
-            ratio, spread = _by_round(fenced, dbos, lambda x, y: x["runs_per_s"] / y["runs_per_s"], ".2f")
+            ratio, spread = _by_round(fenced, dbos, _throughput_ratio, ".2f")
             out.append((f"fenced ({store}) throughput >= DBOS", f"{ratio:.2f} x DBOS{spread}", ratio >= 1))
     for store, b in r.get("breakdown", {}).items():
         if "cpu_ms_per_step" in b:
@@ -372,6 +372,10 @@ def _by_round(a: dict[str, Any], b: dict[str, Any], compare: Callable[[dict[str,
     values = [compare(x, y) for x, y in zip(pa, pb, strict=True)]
     spread = f" (rounds {min(values):{fmt}}-{max(values):{fmt}})" if len(values) > 1 else ""
     return statistics.median(values), spread
+
+
+def _throughput_ratio(fenced: dict[str, Any], other: dict[str, Any]) -> float:
+    return float(fenced["runs_per_s"] / other["runs_per_s"])
 
 
 def _step_overhead(fenced: dict[str, Any], plain: dict[str, Any]) -> float:
