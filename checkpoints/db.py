@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from tenacity import RetryCallState, retry, retry_if_exception, wait_random_exponential
 
 from checkpoints import sqlite_lock
+from checkpoints.sqlite_multi import MultiCursor
 from fenced_core.errors import StoreUnavailable
 from fenced_core.settings import get_settings, safe_url
 
@@ -128,8 +129,11 @@ ONE_TRIP_DRIVERS = ("pymysql", "mysqldb")
 
 
 def one_trip_driver(engine: Engine) -> bool:
-    """Whether this engine's hot transactions go through raw_txn (MySQL/MariaDB through PyMySQL or
-    mysqlclient: multi-statement queries); SQLite (no network round trips) keeps SQLAlchemy Core."""
+    """Whether this engine's hot transactions go through raw_txn as one multi-statement query each:
+    MySQL/MariaDB through PyMySQL or mysqlclient (one round trip), and SQLite through pysqlite, which runs
+    the same query statement by statement (checkpoints.sqlite_multi: no SQLAlchemy work per statement)."""
+    if engine.dialect.name == "sqlite":
+        return engine.dialect.driver == "pysqlite"
     return engine.dialect.name == "mysql" and engine.dialect.driver in ONE_TRIP_DRIVERS
 
 
@@ -323,38 +327,55 @@ def in_txn(fn: Callable[..., T], *args: Any, url: str | None = None, **kwargs: A
 
 
 @contextmanager
-def raw_txn(url: str | None = None) -> Iterator[Any]:
+def raw_txn(url: str | None = None, readonly: bool = False) -> Iterator[Any]:
     """One transaction on a pooled DBAPI connection, for the hot path's multi-statement queries: yields a
     cursor; the caller sends its statements AND its COMMIT (usually in one query), and reads every
     result. On any exception the transaction is rolled back (a broken connection is discarded instead)
     and a driver error leaves as DatabaseUnavailable when transient, as transaction() does.
 
     Only for one_trip stores; the caller's statements must be fenced each on its own (a multi-statement
-    query runs on to its COMMIT whatever the first statement matched)."""
+    query runs on to its COMMIT whatever the first statement matched). On SQLite the cursor is a
+    checkpoints.sqlite_multi.MultiCursor in a transaction begun as transaction() begins one (a writer
+    takes its turn and BEGIN IMMEDIATE; a `readonly` one a deferred BEGIN)."""
     engine = get_engine(url)
     dbapi_error = engine.dialect.loaded_dbapi.Error
+    sqlite = engine.dialect.name == "sqlite"
     _in_txn.depth = getattr(_in_txn, "depth", 0) + 1
     try:
-        conn = engine.raw_connection()
-        try:
-            cur = conn.cursor()
+        with sqlite_lock.turn(engine, readonly):
+            conn = engine.raw_connection()
             try:
-                yield cur
-            finally:
-                cur.close()
-        except BaseException as exc:
-            invalidated = isinstance(exc, dbapi_error) and engine.dialect.is_disconnect(
-                exc, conn.dbapi_connection, None)
-            if invalidated:
-                conn.invalidate(exc)
-            else:
+                cur: Any
+                if sqlite:
+                    pysqlite: Any = conn.driver_connection
+                    if readonly:
+                        pysqlite.execute("BEGIN")
+                    else:
+                        sqlite_lock.begin_immediate(pysqlite, sqlite_lock.busy_s(engine))
+                    cur = MultiCursor(pysqlite)
+                else:
+                    cur = conn.cursor()
                 try:
-                    conn.rollback()
-                except Exception as rollback_exc:  # the connection is unusable: never hand it out again
-                    conn.invalidate(rollback_exc)
+                    yield cur
+                finally:
+                    cur.close()
+            except BaseException as exc:
+                invalidated = isinstance(exc, dbapi_error) and engine.dialect.is_disconnect(
+                    exc, conn.dbapi_connection, None)
+                if invalidated:
+                    conn.invalidate(exc)
+                else:
+                    try:
+                        conn.rollback()
+                    except Exception as rollback_exc:  # the connection is unusable: never hand it out again
+                        conn.invalidate(rollback_exc)
+                raise
+            finally:
+                conn.close()
+    except sa.exc.DBAPIError as exc:  # SQLite's writers' turn or BEGIN IMMEDIATE (checkpoints.sqlite_lock)
+        if isinstance(exc, StoreUnavailable) or not is_transient_db_error(exc):
             raise
-        finally:
-            conn.close()
+        raise DatabaseUnavailable(exc) from exc
     except dbapi_error as exc:
         wrapped = sa.exc.DBAPIError.instance(
             None, None, exc, dbapi_error, connection_invalidated=engine.dialect.is_disconnect(exc, None, None))

@@ -78,12 +78,15 @@ def _fenced_update(columns: tuple[str, ...]) -> sa.Update:
     ).values({c: sa.bindparam(f"v_{c}") for c in columns})
 
 
-# -- the hot path on MySQL/MariaDB: one round trip per transaction (checkpoints.db.raw_txn) ------------
+# -- the hot path: one round trip per transaction on MySQL/MariaDB (checkpoints.db.raw_txn) ------------
 # Each transaction below is ONE multi-statement query that ends in its own COMMIT; the server runs it
 # to the end whatever the first statement matched, so every statement after the fenced UPDATE is
 # conditional on it (`@fenced`: the rows that UPDATE matched, FOUND_ROWS). A holder fenced out writes
 # nothing and commits an empty transaction, and the caller raises FencedOut from the UPDATE's rowcount.
-# SQLite (no network round trips) runs the same writes through SQLAlchemy Core below.
+# SQLite runs the same queries statement by statement (checkpoints.sqlite_multi). The SQLAlchemy Core
+# version of each (the `_txn` functions beside them) is what these queries are tested against
+# (tests/test_terminal_one_trip.py, tests/test_step_done_claim.py), and what a store without raw_txn
+# would run; every store the settings accept runs the queries.
 _COLUMNS = [c.name for c in run_checkpoints.c]
 _PEEK_COLUMNS = [c for c in _COLUMNS if c != "checkpoint"]
 _RAW_PEEK = f"SELECT {', '.join(_PEEK_COLUMNS)} FROM run_checkpoints WHERE run_id = %s; COMMIT"
@@ -315,7 +318,7 @@ def list_runs(limit: int = 50, state: str | None = None, user_id: str | None = N
 def peek_run(run_id: str) -> Run | None:
     """The run row without its checkpoint (`checkpoint` is {}): enough to skip, drop or claim."""
     if one_trip():
-        with raw_txn() as cur:
+        with raw_txn(readonly=True) as cur:
             cur.execute(_RAW_PEEK, (run_id,))
             rows = results(cur)[0][2]
         return Run.from_row(dict(zip(_PEEK_COLUMNS, rows[0], strict=True))) if rows else None

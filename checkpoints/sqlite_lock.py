@@ -47,6 +47,12 @@ def install(engine: Engine, busy_s: float) -> None:
     setattr(engine, _GATE, _Gate(threading.Lock(), busy_s))
 
 
+def busy_s(engine: Engine) -> float:
+    """The bound on each wait of a writer of this SQLite engine (its FENCED_SQLITE_BUSY_TIMEOUT_MS)."""
+    gate: _Gate = getattr(engine, _GATE)
+    return gate.busy_s
+
+
 def turn(engine: Engine, readonly: bool) -> AbstractContextManager[None]:
     """What a transaction holds around itself: a writer of a SQLite engine, its writers' gate (`writing`);
     a reader, or any transaction on an engine without a gate (MySQL/MariaDB), nothing."""

@@ -1,8 +1,8 @@
 """Checkpoint B with the inline claim of the next step in one transaction (issue 17): it writes what
 checkpoint B followed by a claim of the next step would, its claim (planned from what B writes, not read
 back) is the row as that claim would have read it, a holder fenced out writes nothing, and a transaction
-retried after its first commit landed returns the claim it made. On MariaDB both the one-round-trip
-statement (segments a write seals included) and the SQLAlchemy path (SQLite's) are checked."""
+retried after its first commit landed returns the claim it made. On both stores both the one-round-trip
+statement (segments a write seals included) and the SQLAlchemy path are checked."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ from tests.conftest import MYSQL_URL, use_db, wipe_tables
 QUERY = "wireless headphones under $100"
 
 
-@pytest.fixture(params=["mysql-one_trip", "mysql-sqlalchemy", "sqlite-sqlalchemy"])
+@pytest.fixture(params=["mysql-one_trip", "mysql-sqlalchemy", "sqlite-one_trip", "sqlite-sqlalchemy"])
 def path(request: pytest.FixtureRequest, tmp_path: Path, redis_client: object,
          monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Which transaction runs: MariaDB's one-round-trip statement, or the SQLAlchemy one (both stores)."""
+    """Which transaction runs: the one-round-trip statement (on SQLite run statement by statement,
+    checkpoints.sqlite_multi), or the SQLAlchemy one, on both stores."""
     store, path = request.param.split("-")
     use_db(MYSQL_URL if store == "mysql" else f"sqlite:///{tmp_path / 'store.db'}")
     wipe_tables()

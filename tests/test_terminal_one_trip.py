@@ -1,7 +1,8 @@
-"""The terminal transaction in two round trips on MariaDB (issue 17) writes exactly what the SQLAlchemy
-path writes: the same run row, hold, account, ledger entries and attempt, in every settlement case
-(settled, the hold already closed, an account that does not carry the hold, no hold, a reopened hold)
-and nothing at all when the holder was fenced out."""
+"""The terminal transaction in two round trips on MariaDB (issue 17), and the same queries on SQLite (run
+statement by statement: checkpoints.sqlite_multi), write exactly what the SQLAlchemy path writes: the
+same run row, hold, account, ledger entries and attempt, in every settlement case (settled, the hold
+already closed, an account that does not carry the hold, no hold, a reopened hold) and nothing at all
+when the holder was fenced out."""
 
 from __future__ import annotations
 
@@ -147,6 +148,17 @@ def _finish(scenario: str, ending: str, path: str, monkeypatch: pytest.MonkeyPat
             except FencedOut:
                 outcome = "FencedOut"
     return _snapshot(c, user, outcome), sent
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_on_sqlite_the_one_trip_terminal_write_is_the_sqlalchemy_one(store, monkeypatch, scenario, ending):
+    """SQLite runs the same one-trip queries statement by statement (checkpoints.sqlite_multi); on both
+    stores they write what the SQLAlchemy path writes."""
+    expected = _finish(scenario, ending, "sqlalchemy", monkeypatch)[0]
+    assert runs.one_trip(), f"{store}: the hot path is the one-trip one"
+    assert _finish(scenario, ending, "one trip", monkeypatch)[0] == expected
+    assert expected["outcome"] == "FencedOut" if scenario == "fenced out" else expected["run"]["state"] == ending
 
 
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
