@@ -49,8 +49,12 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                     f"{ratio:.2f} x", ratio >= 0.7))
     for t in r.get("takeover", []):
         if t["p95"] is not None:
+            # The chaos kill scenario's own bound (chaos.scenarios.bounds): lease only, two leases + a reaper
+            # tick + 2 s (a first rescue's wake-up lost with the killed worker is sent again a lease later);
+            # fast takeover, 3 s.
             mode = "fast takeover" if t["fast_takeover"] else "lease only"
-            out.append((f"takeover p95 <= lease + 2 s ({t['lease_ms'] / 1000:g} s lease, {mode})",
+            out.append((f"takeover p95 <= {t['target_p95_ms'] / 1000:g} s, the chaos bound "
+                        f"({t['lease_ms'] / 1000:g} s lease, {mode})",
                         f"{t['p95'] / 1000:.2f} s", t["p95"] <= t["target_p95_ms"]))
     lr = r.get("longrun")
     if lr:
