@@ -112,8 +112,9 @@ def settle_txn(conn: Connection, run_id: str, epoch: int, actor: str, prompt_tok
     return s.charge
 
 
-# settle_txn for a raw multi-statement query (checkpoints.db.raw_txn, MySQL/MariaDB): the hold read
-# locked in an earlier query of the same transaction, then settle_raw's statements.
+# settle_txn for a raw multi-statement query (checkpoints.db.raw_txn: MySQL/MariaDB, and SQLite through
+# checkpoints.sqlite_multi): the hold read locked in an earlier query of the same transaction, then
+# settle_raw's statements.
 RAW_HOLD_LOCKED = ("SELECT credits_held, user_id, tokens_settled_before, state FROM run_holds "
                    "WHERE run_id = %s FOR UPDATE")
 _RAW_SETTLE = ("UPDATE run_holds SET state = 'settled', credits_charged = %s, closed_at_ms = %s "

@@ -107,8 +107,9 @@ def write_segments_txn(conn: Connection, run_id: str, segments: list[tuple[int, 
         conn.execute(sa.insert(run_history).values(run_id=run_id, seq=seq, body=blob))
 
 
-# What write_segments_txn writes, as statements for a one-round-trip query on MySQL/MariaDB
-# (checkpoints.runs): each segment replaced by its key, only where `{0}` (the caller's fence) holds.
+# What write_segments_txn writes, as statements for a one-round-trip query on MySQL/MariaDB (SQLite runs it
+# through checkpoints.sqlite_multi; checkpoints.runs): each segment replaced by its key, only where `{0}`
+# (the caller's fence) holds.
 _RAW_SEGMENT_IF = ("DELETE FROM run_history WHERE run_id = %s AND seq = %s AND {0}; "
                    "INSERT INTO run_history (run_id, seq, body) SELECT %s, %s, %s FROM DUAL WHERE {0}; ")
 

@@ -428,8 +428,9 @@ def _claim_txn(conn: Connection, run_id: str, token: str, step: int | None = Non
 
 
 def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Claim | Run | None:
-    """_claim_txn in two round trips (MySQL/MariaDB): the locked read, then the compare-and-set with its
-    attempt row, its ledger entry and the COMMIT as one query (each insert conditional on the update)."""
+    """_claim_txn in two round trips (MySQL/MariaDB; SQLite runs the same queries): the locked read, then
+    the compare-and-set with its attempt row, its ledger entry and the COMMIT as one query (each insert
+    conditional on the update)."""
     cur.execute(_RAW_GET_LOCKED, (run_id,))
     row = cur.fetchone()
     if row is None:
@@ -669,7 +670,8 @@ def write_step_done_and_claim(c: Claim, step: int, checkpoint: dict[str, Any], u
 
 def _step_done_and_claim_raw(cur: Any, c: Claim, step: int, stored: history.Stored, usage: Usage,
                              last_event_id: str, plan: _ClaimPlan, what: str) -> int:
-    """write_step_done_and_claim's transaction in one round trip (MySQL/MariaDB); the next attempt's id."""
+    """write_step_done_and_claim's transaction in one round trip (MySQL/MariaDB; SQLite runs the same
+    query); the next attempt's id."""
     run_id = c.run.run_id
     cur.execute(*_sealing(_RAW_CHECKPOINT_B_CLAIM, (
         step + 1, stored.blob, plan.epoch, c.token, plan.deliveries, plan.total_deliveries, last_event_id, plan.now,
@@ -691,7 +693,8 @@ def _step_done_and_claim_raw(cur: Any, c: Claim, step: int, stored: history.Stor
 
 def _step_done_and_claim_txn(conn: Connection, c: Claim, step: int, stored: history.Stored, usage: Usage,
                              last_event_id: str, plan: _ClaimPlan, what: str) -> int:
-    """write_step_done_and_claim's transaction through SQLAlchemy Core (SQLite)."""
+    """write_step_done_and_claim's transaction through SQLAlchemy Core: the reference the one-query
+    version is tested against."""
     run_id = c.run.run_id
     values = {"step": step + 1, "phase": "done", "checkpoint": stored.blob, "epoch": plan.epoch, "owner": c.token,
               "deliveries": plan.deliveries, "total_deliveries": plan.total_deliveries,
@@ -742,10 +745,10 @@ def finish(c: Claim, state: str, checkpoint: dict[str, Any], usage: Usage, last_
 
 def _finish_raw(cur: Any, c: Claim, state: str, stored: history.Stored, usage: Usage, last_event_id: str,
                 answer: str | None, error_class: str | None, error: str | None) -> int | None:
-    """finish's transaction in two round trips (MySQL/MariaDB): the fenced terminal UPDATE with the hold
-    read locked; then the settlement (billing.settle_raw), the ledger entry, the attempt closed and the
-    COMMIT as one query. Fenced out: the first query's UPDATE matched nothing, nothing else is sent and
-    the transaction rolls back."""
+    """finish's transaction in two round trips (MySQL/MariaDB; SQLite runs the same queries): the fenced
+    terminal UPDATE with the hold read locked; then the settlement (billing.settle_raw), the ledger entry,
+    the attempt closed and the COMMIT as one query. Fenced out: the first query's UPDATE matched nothing,
+    nothing else is sent and the transaction rolls back."""
     what = f"terminal write ({state})"
     if ("running", state) not in TRANSITIONS:
         raise IllegalTransition(f"{what}: running -> {state} is not a run state change (checkpoints.runs.TRANSITIONS)")
