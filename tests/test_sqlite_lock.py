@@ -124,3 +124,24 @@ def test_a_writer_of_this_process_stuck_inside_its_transaction_costs_a_bounded_w
                 pass
         assert "this process's other writers" in str(exc.value)
         assert isinstance(exc.value, sa.exc.OperationalError)
+
+
+def test_the_one_query_path_waits_and_fails_as_transaction_does(sqlite_url, tmp_path):
+    """raw_txn (the hot path's one-query transactions, checkpoints.sqlite_multi) waits at the same gate and
+    for the same lock: bounded, reported as the store being unavailable (retried), the gate given back."""
+    with _a_writer_of_this_process_inside(sqlite_url):
+        with pytest.raises(StoreUnavailable) as exc, db.raw_txn(sqlite_url):
+            pytest.fail("began while this process's other writer was inside its transaction")
+        assert "this process's other writers" in str(exc.value)
+    other = _other_process_writes(str(tmp_path / "lock.db"))
+    try:
+        with pytest.raises(StoreUnavailable) as exc, db.raw_txn(sqlite_url):
+            pytest.fail("began while another process held the write lock")
+        assert "database is locked" in str(exc.value) and db.is_transient_db_error(exc.value)
+    finally:
+        other.execute("ROLLBACK")
+    with db.raw_txn(sqlite_url) as cur:
+        cur.execute("INSERT INTO t VALUES (%s); COMMIT", (3,))
+    with db.raw_txn(sqlite_url, readonly=True) as cur:
+        cur.execute("SELECT n FROM t; COMMIT")
+        assert sorted(cur.fetchall()) == [(1,), (3,)]  # the writer of this process committed its row
