@@ -116,6 +116,16 @@ def test_a_database_that_is_down_fails_after_a_short_retry_with_one_line(tmp_pat
     assert took < 40, "the CLI does not wait a worker's minute"
 
 
+def test_a_sqlite_file_that_cannot_be_opened_fails_naming_the_url(tmp_path, redis_client):
+    """A SQLite path whose directory does not exist: one line naming the store and FENCED_DB_URL."""
+    url = f"sqlite:///{tmp_path / 'no_such_dir' / 'runs.db'}"
+    proc = fenced("submit", "[red]buy a hat[/red]", FENCED_DB_URL=url)
+    assert proc.returncode == 1
+    assert one_line_error(proc) == (f"error: the run store {url} failed: unable to open database file "
+                                    "(check FENCED_DB_URL)")
+    assert redis_client.zcard("fenced:{admission}:user:cli") == 0, "the refused submit holds no admission slot"
+
+
 @pytest.mark.parametrize("url_part, said", [("nobody:wrong@{hostport}/test", "Access denied for user 'nobody'"),
                                              ("{userhost}/fenced_no_such_db", "Unknown database 'fenced_no_such_db'")])
 def test_wrong_database_settings_fail_at_once_naming_the_url(url_part, said, redis_client, tmp_path):
