@@ -62,13 +62,9 @@ def _make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin_immediate(conn: Connection) -> None:
-            # Writers take the lock at BEGIN, so a read-then-write never fails with "database is locked";
-            # readers (transaction(readonly=True)) stay deferred and never wait for a writer (WAL).
-            readonly = conn.get_execution_options().get("fenced_readonly", False)
-            if readonly:
-                conn.exec_driver_sql("BEGIN")
-            else:
-                sqlite_lock.begin_immediate(conn.connection.driver_connection, busy_ms / 1000)
+            # A writer takes the lock at BEGIN; a reader (transaction(readonly=True)) stays deferred.
+            sqlite_lock.begin(conn.connection.driver_connection,
+                              conn.get_execution_options().get("fenced_readonly", False), busy_ms / 1000)
 
         return engine
     settings = get_settings()
@@ -172,9 +168,10 @@ def is_config_error(exc: BaseException) -> bool:
     return isinstance(exc, sa.exc.DBAPIError) and bool(args) and args[0] in _CONFIG_ERRORS
 
 
-def refused_message(exc: BaseException) -> str:
-    """What the CLI and a refusing worker say about a config error (the URL with its password masked)."""
-    return (f"the run store {safe_url(get_settings().db_url)} refused the connection: "
+def refused_message(exc: BaseException, what: str = "refused the connection") -> str:
+    """What the CLI and a refusing worker say about a store error that no retry helps (the URL with its
+    password masked): a config error, or (`what`) another error that was never retried."""
+    return (f"the run store {safe_url(get_settings().db_url)} {what}: "
             f"{getattr(exc, 'orig', None) or exc} (check FENCED_DB_URL)")
 
 
@@ -347,12 +344,8 @@ def raw_txn(url: str | None = None, readonly: bool = False) -> Iterator[Any]:
             try:
                 cur: Any
                 if sqlite:
-                    pysqlite: Any = conn.driver_connection
-                    if readonly:
-                        pysqlite.execute("BEGIN")
-                    else:
-                        sqlite_lock.begin_immediate(pysqlite, sqlite_lock.busy_s(engine))
-                    cur = MultiCursor(pysqlite)
+                    sqlite_lock.begin(conn.driver_connection, readonly, sqlite_lock.busy_s(engine))
+                    cur = MultiCursor(conn.driver_connection)
                 else:
                     cur = conn.cursor()
                 try:

@@ -74,6 +74,16 @@ def writing(gate: _Gate) -> Iterator[None]:
         gate.lock.release()
 
 
+def begin(dbapi_conn: Any, readonly: bool, busy_s: float) -> None:
+    """Begin a transaction on a pysqlite connection: a writer takes the database's write lock at once
+    (`begin_immediate`), so a read-then-write never fails with "database is locked"; a reader stays
+    deferred and never waits for a writer (WAL)."""
+    if readonly:
+        dbapi_conn.execute("BEGIN")
+    else:
+        begin_immediate(dbapi_conn, busy_s)
+
+
 def begin_immediate(dbapi_conn: Any, busy_s: float) -> None:
     """BEGIN IMMEDIATE on a pysqlite connection, looking again every 0.1-0.2 ms for at most `busy_s`
     while another process holds the write lock; its busy timeout is set back to `busy_s` after."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _SET = re.compile(r"SET @(\w+) = ROW_COUNT\(\)")
 _VAR_OR_PARAM = re.compile(r"@(\w+)|%s")
@@ -65,6 +65,18 @@ def _translate(query: str) -> tuple[tuple[_Statement, ...], int]:
     return tuple(statements), sum(name is None for st in statements for name in st.binds)
 
 
+class _Result(NamedTuple):
+    """One statement's result, as a MySQL driver's cursor shows it after `nextset()`."""
+
+    rowcount: int
+    lastrowid: Any
+    rows: list[Any] | None  # None: the statement returned no rows at all (not a SELECT)
+    description: Any
+
+
+_NO_ROWS = _Result(0, None, None, None)  # a SET or a COMMIT
+
+
 class MultiCursor:
     """A DBAPI-cursor-shaped runner of one multi-statement query at a time on a pysqlite connection:
     `execute`, then `rowcount`/`lastrowid`/`description`/`fetchone`/`fetchall` of the current result and
@@ -73,7 +85,7 @@ class MultiCursor:
     def __init__(self, dbapi_conn: Any) -> None:
         self._conn = dbapi_conn
         self._cur = dbapi_conn.cursor()
-        self._results: list[tuple[int, Any, list[Any] | None, Any]] = []
+        self._results: list[_Result] = []
         self._at = 0
         self._rows_read = 0
 
@@ -83,42 +95,42 @@ class MultiCursor:
             raise ValueError(f"{len(params)} parameters for a query of {placeholders} placeholders")
         given = iter(params)
         values: dict[str, int] = {}
-        results: list[tuple[int, Any, list[Any] | None, Any]] = []
+        results: list[_Result] = []
         cur = self._cur
         for st in statements:
             if st.sets is not None:
-                values[st.sets] = results[-1][0]
-                results.append((0, None, None, None))
+                values[st.sets] = results[-1].rowcount
+                results.append(_NO_ROWS)
             elif st.sql == "COMMIT":
                 if self._conn.in_transaction:  # as MySQL's: a COMMIT with nothing begun is no error
                     self._conn.execute("COMMIT")
-                results.append((0, None, None, None))
+                results.append(_NO_ROWS)
             else:
                 cur.execute(st.sql, [next(given) if name is None else values[name] for name in st.binds])
                 described = cur.description
                 rows = cur.fetchall() if described else None
-                results.append((cur.rowcount, cur.lastrowid, rows, described))
+                results.append(_Result(cur.rowcount, cur.lastrowid, rows, described))
         self._results, self._at, self._rows_read = results, 0, 0
 
     @property
     def rowcount(self) -> int:
-        return self._results[self._at][0]
+        return self._results[self._at].rowcount
 
     @property
     def lastrowid(self) -> Any:
-        return self._results[self._at][1]
+        return self._results[self._at].lastrowid
 
     @property
     def description(self) -> Any:
-        return self._results[self._at][3]
+        return self._results[self._at].description
 
     def fetchall(self) -> list[Any]:
-        rows = self._results[self._at][2] or []
+        rows = self._results[self._at].rows or []
         out, self._rows_read = rows[self._rows_read:], len(rows)
         return out
 
     def fetchone(self) -> Any:
-        rows = self._results[self._at][2] or []
+        rows = self._results[self._at].rows or []
         if self._rows_read >= len(rows):
             return None
         self._rows_read += 1

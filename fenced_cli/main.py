@@ -399,8 +399,7 @@ def main() -> None:
         # the retry window alone would understate it.
         took = retried_s(exc)
         if took is None:  # not a transient error: it was never retried
-            typer.echo(f"error: the run store {safe_url(get_settings().db_url)} failed: {exc.orig or exc} "
-                       "(check FENCED_DB_URL)", err=True)
+            typer.echo(f"error: {refused_message(exc, 'failed')}", err=True)
         else:
             typer.echo(f"error: run store unreachable after {took:.0f} s of retries: {exc.orig or exc}", err=True)
         sys.exit(1)
