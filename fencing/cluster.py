@@ -13,6 +13,7 @@ what is still failing after its retries leaves as RedisUnavailable (a StoreUnava
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -120,5 +121,11 @@ def cluster_client_for(url: str, **options: Any) -> FencedRedisCluster:
 
 
 def is_cluster(client: object) -> bool:
-    """Is `client` a cluster client (commands and pipelines split by slot)?"""
-    return isinstance(client, RedisCluster)
+    """Is `client` a cluster client or pipeline (commands split by slot)? Asked per class once: RedisCluster's
+    isinstance goes through typing's protocol check, and the hot path asks for every script it queues."""
+    return _cluster_class(type(client))
+
+
+@functools.cache
+def _cluster_class(kind: type) -> bool:
+    return issubclass(kind, RedisCluster)

@@ -22,7 +22,8 @@ class RedisUnavailable(StoreUnavailable, redis.ConnectionError):
 _DRIVER_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
-def _translate(exc: Exception) -> Exception:
+def translate_driver_error(exc: Exception) -> Exception:
+    """A driver error (connection, timeout) as the RedisUnavailable fenced raises for it."""
     if isinstance(exc, StoreUnavailable):
         return exc
     return RedisUnavailable(f"Redis unavailable: {type(exc).__name__}: {exc}")
@@ -35,13 +36,13 @@ class FencedPipeline(Pipeline):
         try:
             return super().execute(raise_on_error)
         except _DRIVER_ERRORS as exc:
-            raise _translate(exc) from exc
+            raise translate_driver_error(exc) from exc
 
     def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
         try:
             return super().immediate_execute_command(*args, **options)
         except _DRIVER_ERRORS as exc:
-            raise _translate(exc) from exc
+            raise translate_driver_error(exc) from exc
 
 
 class FencedRedis(redis.Redis):
@@ -51,7 +52,7 @@ class FencedRedis(redis.Redis):
         try:
             return super().execute_command(*args, **options)
         except _DRIVER_ERRORS as exc:
-            raise _translate(exc) from exc
+            raise translate_driver_error(exc) from exc
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> FencedPipeline:
         return FencedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)

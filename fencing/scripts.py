@@ -16,11 +16,12 @@ from typing import Any
 
 import redis
 from redis.client import Pipeline
-from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from fencing import keys as k
+from fencing import round_trip
+from fencing.cluster import is_cluster
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
@@ -65,7 +66,7 @@ class Scripts:
         EVALSHA's keys itself and would send it to any node, then resend it alone after the MOVED reply (one
         round trip per script instead of one per node)."""
         options: dict[str, Any] = {}
-        if call.keys and isinstance(pipe, RedisCluster):
+        if call.keys and is_cluster(pipe):
             options["target_nodes"] = pipe.get_node_from_key(call.keys[0])
         pipe.execute_command("EVALSHA", self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args,
                              **options)
@@ -85,7 +86,10 @@ class Scripts:
             pipe = client.pipeline(transaction=False)
             build(pipe)
             try:
-                replies = pipe.execute(raise_on_error=raise_on_error)
+                if is_cluster(pipe):  # routed per node by the cluster pipeline
+                    replies = pipe.execute(raise_on_error=raise_on_error)
+                else:
+                    replies = round_trip.exchange(client, pipe.command_stack, raise_on_error)
             except NoScriptError:
                 if attempt == 2:
                     raise
