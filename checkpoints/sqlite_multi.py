@@ -1,10 +1,11 @@
 """The hot path's one-round-trip queries on SQLite: a cursor that runs them statement by statement.
 
 checkpoints.runs writes each hot transaction (the claim, checkpoints A and B, B with the inline claim,
-the terminal write) as ONE multi-statement MySQL query that ends in its own COMMIT, every statement after
-the fenced UPDATE conditional on it (`SET @fenced = ROW_COUNT()`, `... WHERE @fenced = 1`). SQLite has no
-network round trip to save, but the same text spares it SQLAlchemy Core's per-statement work (about a
-third of a SQLite step's CPU, issue 17) and keeps ONE copy of each fenced transaction for both stores.
+the terminal write; and checkpoints.create_one_trip a submit's) as ONE multi-statement MySQL query that
+ends in its own COMMIT, every statement after the fenced UPDATE conditional on it (`SET @fenced =
+ROW_COUNT()`, `... WHERE @fenced = 1`). SQLite has no network round trip to save, but the same text
+spares it SQLAlchemy Core's per-statement work (about a third of a SQLite step's CPU, issue 17) and
+keeps ONE copy of each fenced transaction for both stores.
 
 `MultiCursor.execute` splits such a query and runs its statements in order on the pysqlite connection,
 inside the transaction checkpoints.db.raw_txn began (BEGIN IMMEDIATE for a writer). The dialects differ
@@ -16,6 +17,8 @@ in a few words only, each translated once per query text (`_translate`):
   is bound to that number as a parameter (never spliced into the text);
 - `FROM DUAL` goes (SQLite selects without FROM), and so does `FOR UPDATE` (a writer already holds the
   database's one write lock since BEGIN IMMEDIATE; a reader in WAL mode reads a snapshot);
+- `INSERT IGNORE INTO` becomes `INSERT OR IGNORE INTO` (a row whose key exists is skipped; the submit's
+  account row, checkpoints.create_one_trip);
 - `COMMIT` commits the connection's transaction, if one is open (MySQL's COMMIT with none is no error; a
   statement after it runs on its own, as a read after a COMMIT does on MySQL).
 
@@ -60,7 +63,8 @@ def _translate(query: str) -> tuple[tuple[_Statement, ...], int]:
         binds = tuple(None if m.group(0) == "%s" else m.group(1) for m in _VAR_OR_PARAM.finditer(text))
         if not known.issuperset(name for name in binds if name is not None):
             raise ValueError(f"a variable used before this query sets it: {text}")
-        sql = _VAR_OR_PARAM.sub("?", text).replace(" FROM DUAL", "").replace(" FOR UPDATE", "")
+        sql = (_VAR_OR_PARAM.sub("?", text).replace(" FROM DUAL", "").replace(" FOR UPDATE", "")
+               .replace("INSERT IGNORE INTO ", "INSERT OR IGNORE INTO "))
         statements.append(_Statement(sql, binds))
     return tuple(statements), sum(name is None for st in statements for name in st.binds)
 
