@@ -13,7 +13,6 @@ what is still failing after its retries leaves as RedisUnavailable (a StoreUnava
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -123,9 +122,11 @@ def cluster_client_for(url: str, **options: Any) -> FencedRedisCluster:
 def is_cluster(client: object) -> bool:
     """Is `client` a cluster client or pipeline (commands split by slot)? Asked per class once: RedisCluster's
     isinstance goes through typing's protocol check, and the hot path asks for every script it queues."""
-    return _cluster_class(type(client))
+    kind = type(client)
+    found = _CLUSTER_CLASSES.get(kind)
+    if found is None:
+        found = _CLUSTER_CLASSES[kind] = issubclass(kind, RedisCluster)
+    return found
 
 
-@functools.cache
-def _cluster_class(kind: type) -> bool:
-    return issubclass(kind, RedisCluster)
+_CLUSTER_CLASSES: dict[type, bool] = {}

@@ -19,7 +19,7 @@ driver errors leave as RedisUnavailable (fencing.fenced_redis)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -28,6 +28,7 @@ from redis.exceptions import ResponseError
 
 from fencing.fenced_redis import translate_driver_error
 
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # redis-py's own packer does it then
@@ -67,10 +68,10 @@ def pack(conn: Any, commands: Sequence[Queued]) -> list[bytes]:
         out = []
         for args, _options in commands:
             if not _plain(args):
-                return conn.pack_commands([a for a, _o in commands])  # type: ignore[no-any-return]
+                return conn.pack_commands([a for a, _o in commands])
             out.append(_hiredis_pack(args))
         return [b"".join(out)]
-    return conn.pack_commands([a for a, _o in commands])  # type: ignore[no-any-return]
+    return conn.pack_commands([a for a, _o in commands])
 
 
 def _plain(args: tuple[Any, ...]) -> bool:

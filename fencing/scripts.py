@@ -12,10 +12,11 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
@@ -67,7 +68,7 @@ class Scripts:
         round trip per script instead of one per node)."""
         options: dict[str, Any] = {}
         if call.keys and is_cluster(pipe):
-            options["target_nodes"] = pipe.get_node_from_key(call.keys[0])
+            options["target_nodes"] = cast(RedisCluster, pipe).get_node_from_key(call.keys[0])
         pipe.execute_command("EVALSHA", self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args,
                              **options)
 
