@@ -44,6 +44,11 @@ def credits_for(prompt_tokens: int, completion_tokens: int, held: int) -> int:
     return min(used, held)
 
 
+def hold_expires_at(now_ms: int) -> int:
+    """When a hold taken at `now_ms` expires (settings.hold_expiry_s later)."""
+    return now_ms + get_settings().hold_expiry_s * 1000
+
+
 def create_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, now_ms: int) -> int:
     """Hold the run's credits on the user's account and record the hold; returns the credits held.
 
@@ -53,7 +58,7 @@ def create_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, now_
     accounts.hold_txn(conn, user_id, credits, now_ms)
     conn.execute(run_holds.insert().values(
         run_id=run_id, user_id=user_id, credits_held=credits, state="held", credits_charged=None,
-        created_at_ms=now_ms, expires_at_ms=now_ms + get_settings().hold_expiry_s * 1000,
+        created_at_ms=now_ms, expires_at_ms=hold_expires_at(now_ms),
     ))
     return credits
 
@@ -160,7 +165,7 @@ def reopen_hold_txn(conn: Connection, run_id: str, user_id: str, kind: str, epoc
         return None
     credits = hold_credits(kind)
     accounts.hold_txn(conn, user_id, credits, now_ms)
-    expires = now_ms + get_settings().hold_expiry_s * 1000
+    expires = hold_expires_at(now_ms)
     if hold is None:  # a run from before holds existed: nothing of it was ever charged
         conn.execute(run_holds.insert().values(
             run_id=run_id, user_id=user_id, credits_held=credits, state="held", credits_charged=None,
@@ -217,7 +222,7 @@ def create_holds_txn(conn: Connection, holds: list[tuple[str, str, str]], now_ms
     credits = [hold_credits(kind) for _, _, kind in holds]
     refused = accounts.hold_many_txn(conn, [(user_id, c) for (_, user_id, _), c in zip(holds, credits, strict=True)],
                                      now_ms)
-    expires = now_ms + get_settings().hold_expiry_s * 1000
+    expires = hold_expires_at(now_ms)
     granted = [{"run_id": run_id, "user_id": user_id, "credits_held": c, "state": "held", "credits_charged": None,
                 "created_at_ms": now_ms, "expires_at_ms": expires}
                for (run_id, user_id, _), c, r in zip(holds, credits, refused, strict=True) if r is None]

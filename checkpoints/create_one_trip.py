@@ -20,11 +20,9 @@ On SQLite the same text runs statement by statement (checkpoints.sqlite_multi, `
 
 from __future__ import annotations
 
-import json
-
-from checkpoints import billing
+from checkpoints import billing, ledger
 from checkpoints.db import raw_txn, results
-from checkpoints.runs import NewRun, now_ms, validate_request
+from checkpoints.runs import NewRun, now_ms, submitted_entry, validate_request
 from fenced_core.errors import InsufficientCredits
 from fenced_core.settings import get_settings
 
@@ -56,14 +54,13 @@ def create_run(new: NewRun, actor: str) -> int:
     s = get_settings()
     credits = billing.hold_credits(new.kind)
     now = now_ms()
-    reason = f"{new.kind} run of {new.agent} submitted, {credits} credits held"
-    detail = json.dumps({"agent": new.agent, "agent_version": new.agent_version}, sort_keys=True)
+    reason, detail = submitted_entry(new.kind, new.agent, new.agent_version, credits)
     params = (
         new.user_id, s.default_balance_credits, now, s.default_balance_credits, credits,
         credits, now, new.user_id, credits,
-        new.run_id, new.user_id, credits, now, now + s.hold_expiry_s * 1000,
+        new.run_id, new.user_id, credits, now, billing.hold_expires_at(now),
         new.run_id, new.user_id, new.kind, new.query, new.agent, new.agent_version, now, now,
-        new.run_id, now, actor, reason, detail,
+        new.run_id, now, actor, reason, ledger.encode_detail(detail),
         new.user_id)
     with raw_txn() as cur:
         cur.execute(_QUERY, params)

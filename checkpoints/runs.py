@@ -213,6 +213,12 @@ def validate_request(user_id: str, kind: str, query: str) -> None:
         raise InvalidRequest(f"query is {len(query)} characters; the limit is {limit} (FENCED_MAX_QUERY_CHARS)")
 
 
+def submitted_entry(kind: str, agent: str, agent_version: str, credits: int) -> tuple[str, dict[str, Any]]:
+    """The `submitted` ledger entry of a new run: its reason and detail (every way a run is created)."""
+    return (f"{kind} run of {agent} submitted, {credits} credits held",
+            {"agent": agent, "agent_version": agent_version})
+
+
 def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, actor: str,
                    agent: str = "shopping", agent_version: str = "") -> int:
     """Insert the run row, its billing hold and a ledger entry; returns the credits held."""
@@ -225,8 +231,7 @@ def create_run_txn(conn: Connection, run_id: str, user_id: str, kind: str, query
         last_event_id="", deliveries=0, total_deliveries=0, created_at_ms=now, updated_at_ms=now,
     ))
     credits = billing.create_hold_txn(conn, run_id, user_id, kind, now)
-    ledger.record_txn(conn, run_id, 0, actor, "submitted", f"{kind} run of {agent} submitted, {credits} credits held",
-                      {"agent": agent, "agent_version": agent_version})
+    ledger.record_txn(conn, run_id, 0, actor, "submitted", *submitted_entry(kind, agent, agent_version, credits))
     return credits
 
 
@@ -272,7 +277,8 @@ def create_runs_txn(conn: Connection, new: list[NewRun], actor: str, *, peek: bo
     now = now_ms()
     held = dict(zip([n.run_id for n in fresh], billing.create_holds_txn(
         conn, [(n.run_id, n.user_id, n.kind) for n in fresh], now) if fresh else [], strict=True))
-    created = [n for n in fresh if isinstance(held[n.run_id], int)]
+    granted = {run_id: c for run_id, c in held.items() if isinstance(c, int)}
+    created = [n for n in fresh if n.run_id in granted]
     if created:
         conn.execute(_INSERT_RUN, [{
             "run_id": n.run_id, "user_id": n.user_id, "kind": n.kind, "query": n.query, "agent": n.agent,
@@ -280,11 +286,11 @@ def create_runs_txn(conn: Connection, new: list[NewRun], actor: str, *, peek: bo
             "phase": "none", "checkpoint": None, "prompt_tokens": 0, "completion_tokens": 0, "model_calls": 0,
             "last_event_id": "", "deliveries": 0, "total_deliveries": 0, "created_at_ms": now, "updated_at_ms": now,
         } for n in created])
+        entries = [(n.run_id, *submitted_entry(n.kind, n.agent, n.agent_version, granted[n.run_id])) for n in created]
         conn.execute(_INSERT_LEDGER, [{
-            "run_id": n.run_id, "at_ms": now, "epoch": 0, "actor": actor, "kind": "submitted",
-            "reason": f"{n.kind} run of {n.agent} submitted, {held[n.run_id]} credits held",
-            "detail": json.dumps({"agent": n.agent, "agent_version": n.agent_version}, sort_keys=True),
-        } for n in created])
+            "run_id": run_id, "at_ms": now, "epoch": 0, "actor": actor, "kind": "submitted", "reason": reason,
+            "detail": ledger.encode_detail(detail),
+        } for run_id, reason, detail in entries])
     return [existing[n.run_id] if n.run_id in existing else held[n.run_id] for n in new]
 
 @db_retry

@@ -64,14 +64,9 @@ def pack(conn: Any, commands: Sequence[Queued]) -> list[bytes]:
     """The wire bytes of `commands`: hiredis packs each directly when every argument is a str, bytes or
     int (all fenced queues); anything else (a float, a memoryview, a two-word command name) goes through
     the connection's own packer, which encodes it as redis-py does."""
-    if _hiredis_pack is not None:
-        out = []
-        for args, _options in commands:
-            if not _plain(args):
-                return conn.pack_commands([a for a, _o in commands])
-            out.append(_hiredis_pack(args))
-        return [b"".join(out)]
-    return conn.pack_commands([a for a, _o in commands])
+    if _hiredis_pack is not None and all(_plain(args) for args, _options in commands):
+        return [b"".join(_hiredis_pack(args) for args, _options in commands)]
+    return conn.pack_commands([args for args, _options in commands])
 
 
 def _plain(args: tuple[Any, ...]) -> bool:

@@ -11,7 +11,7 @@ import structlog
 from sqlalchemy.engine import Connection
 
 from checkpoints import billing, create_one_trip, runs
-from checkpoints.db import in_txn, is_missing_schema, is_transient_db_error, one_trip, transaction
+from checkpoints.db import db_retry, in_txn, is_missing_schema, one_trip, transaction
 from fenced_core.errors import (
     AdmissionRefused,
     FencedOut,
@@ -74,14 +74,19 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
     try:
         attempts = [0]
 
-        def txn(conn: Connection) -> int:
-            attempts[0] += 1  # the first attempt's id is fresh or was looked up above: no peek needed
-            return _create_once_txn(conn, run_id, user_id, kind, query, agent, agent_version, peek=attempts[0] > 1)
+        @db_retry
+        def create() -> int:
+            attempts[0] += 1
+            if attempts[0] == 1 and one_trip():
+                # One round trip (checkpoints.create_one_trip); its id is fresh or was looked up above.
+                return create_one_trip.create_run(runs.NewRun(run_id, user_id, kind, query, agent, agent_version),
+                                                  "api")
+            # A retry's first commit may have landed (its reply lost): it looks for the run first.
+            with transaction() as conn:
+                return _create_once_txn(conn, run_id, user_id, kind, query, agent, agent_version,
+                                        peek=attempts[0] > 1)
 
-        credits = _create_in_one_trip(runs.NewRun(run_id, user_id, kind, query, agent, agent_version))
-        if credits is None:
-            attempts[0] = 1  # the one-trip attempt may have committed: the retry looks for the run first
-            credits = in_txn(txn)
+        credits = create()
     except sa.exc.IntegrityError:
         # A concurrent submit with the same key inserted the run first: that one is the run.
         existing = runs.peek_run(run_id)
@@ -110,21 +115,6 @@ def submit_run(user_id: str, query: str, kind: str = "normal", idempotency_key: 
         # The message now counts in the queue's list (or the sweeper owns the send): not unsent any more.
         admission.mark_sent(run_id)
     return run_id
-
-
-def _create_in_one_trip(new: runs.NewRun) -> int | None:
-    """The first attempt at creating the run, in one round trip (checkpoints.create_one_trip) on the stores
-    that run such queries; the credits held, or None when it was not made or failed transiently (its
-    commit may have landed: the caller retries through `in_txn`, looking for the run first)."""
-    if not one_trip():
-        return None
-    try:
-        return create_one_trip.create_run(new, "api")
-    except Exception as exc:
-        if not is_transient_db_error(exc):
-            raise
-        log.warning("db_retry", attempt=1, fn="create_one_trip.create_run", sleep_s=0.0, error=repr(exc)[:300])
-        return None
 
 
 def _create_once_txn(conn: Connection, run_id: str, user_id: str, kind: str, query: str, agent: str,
