@@ -125,6 +125,21 @@ _RAW_CLAIM = (
     "SELECT %s, %s, %s, %s, %s FROM DUAL WHERE @fenced = 1; "
     f"{ledger.RAW_INSERT_IF % '@fenced = 1'}; "
     "COMMIT")
+# A wake-up's claim in ONE query, for a row as the wake-up expects it (claim_or_row): the locked read, then
+# the compare-and-set guarded by every column the claim's plan reads (state, step, phase, owner, deliveries)
+# with the counters raised by the database on the locked row, the attempt row and the ledger entry taking
+# the epoch it wrote, each conditional on the update, and the COMMIT.
+_RAW_CLAIM_AS_EXPECTED = (
+    f"{_RAW_GET_LOCKED}; "
+    "UPDATE run_checkpoints SET epoch = epoch + 1, owner = %s, state = 'running', deliveries = 1, "
+    "total_deliveries = total_deliveries + 1, updated_at_ms = %s WHERE run_id = %s AND state IN ('queued', 'running') "
+    "AND step = %s AND phase = %s AND owner IS NULL AND deliveries = 0; "
+    "SET @fenced = ROW_COUNT(); "
+    "INSERT INTO run_attempts (run_id, step, epoch, worker, started_at_ms) "
+    "SELECT run_id, step, epoch, %s, %s FROM run_checkpoints WHERE run_id = %s AND @fenced = 1; "
+    "INSERT INTO run_ledger (run_id, at_ms, epoch, actor, kind, reason, detail) "
+    "SELECT run_id, %s, epoch, %s, %s, %s, %s FROM run_checkpoints WHERE run_id = %s AND @fenced = 1; "
+    "COMMIT")
 _RAW_TERMINAL = (
     "UPDATE run_checkpoints SET state = %s, phase = 'done', checkpoint = %s, owner = NULL, answer = %s, "
     "error_class = %s, error = %s, last_event_id = %s, finished_at_ms = %s, updated_at_ms = %s "
@@ -355,7 +370,15 @@ def claim_or_row(run: Run | str, token: str, step: int | None = None) -> Claim |
     included), which was not live or not at `step`; None when there is no such run. A delivery judges
     a wake-up from that row instead of reading the row once more before claiming (tasks.delivery)."""
     run_id = run if isinstance(run, str) else run.run_id
-    c = in_raw_txn(_claim_raw, run_id, token, step) if one_trip() else in_txn(_claim_txn, run_id, token, step)
+    if not one_trip():
+        c = in_txn(_claim_txn, run_id, token, step)
+    else:
+        # A wake-up for a step expects its row as the step's start leaves it (no owner, no delivery yet):
+        # one query claims it. Any other row (a takeover, a retry of ours, a redelivery) costs the two-query
+        # claim after it. A rescue (no step) expects nothing.
+        c = _NOT_AS_EXPECTED if step is None else in_raw_txn(_claim_as_expected, run_id, token, step)
+        if c is _NOT_AS_EXPECTED:
+            c = in_raw_txn(_claim_raw, run_id, token, step)
     if isinstance(c, Claim) and history.sealed_of(c.run.checkpoint):
         # A run longer than one history segment: its sealed segments, read after the claim (they never
         # change once written, and those the row names were committed with it or before).
@@ -378,24 +401,30 @@ class _ClaimPlan:
     detail: dict[str, Any]
 
 
-def _plan_claim(run: Run, inline: bool = False) -> _ClaimPlan:
+def _plan_claim(run: Run, inline: bool = False, now: int | None = None) -> _ClaimPlan:
     """`inline`: the claim comes from the delivery that ran the step before, still holding the lease
     (write_step_done_and_claim)."""
-    takeover = run.owner is not None
-    who: dict[str, Any] = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(),
-                           "delivery": run.deliveries + 1}
+    takeover, kind, reason, detail = _claim_words(run.owner, run.epoch, run.step, run.phase, run.deliveries, inline)
+    return _ClaimPlan(run.epoch + 1, run.deliveries + 1, run.total_deliveries + 1, now_ms() if now is None else now,
+                      takeover, kind, reason, detail)
+
+
+def _claim_words(owner: str | None, epoch: int, step: int, phase: str, deliveries: int, inline: bool = False
+                 ) -> tuple[bool, str, str, dict[str, Any]]:
+    """What a claim of a row with these columns says in the ledger: (takeover, kind, reason, detail)."""
+    takeover = owner is not None
+    who: dict[str, Any] = {"node": os.environ.get("FENCED_NODE_NAME"), "pid": os.getpid(), "delivery": deliveries + 1}
     if takeover:
         kind = "takeover"
-        reason = (f"previous holder {run.owner} (epoch {run.epoch}) never handed step {run.step} over; "
-                  f"resuming {resume_point(run.phase, run.step)}")
-        detail = {"previous_owner": run.owner, "previous_epoch": run.epoch, "phase": run.phase, **who}
+        reason = (f"previous holder {owner} (epoch {epoch}) never handed step {step} over; "
+                  f"resuming {resume_point(phase, step)}")
+        detail = {"previous_owner": owner, "previous_epoch": epoch, "phase": phase, **who}
     else:
-        kind, reason, detail = "claimed", f"step {run.step} claimed, {resume_point(run.phase, run.step)}", who
+        kind, reason, detail = "claimed", f"step {step} claimed, {resume_point(phase, step)}", who
         if inline:
-            reason += f" (inline: the delivery that ran step {run.step - 1} went on)"
+            reason += f" (inline: the delivery that ran step {step - 1} went on)"
             detail = {**who, "inline": True}
-    return _ClaimPlan(run.epoch + 1, run.deliveries + 1, run.total_deliveries + 1, now_ms(), takeover, kind, reason,
-                      detail)
+    return takeover, kind, reason, detail
 
 
 def _claimable(run: Run, step: int | None) -> bool:
@@ -465,6 +494,38 @@ def _claim_raw(cur: Any, run_id: str, token: str, step: int | None = None) -> Cl
     if out[0][0] != 1:  # the row is locked: only a store without row locks gets here
         return run
     return _claim_of(run, plan, token, int(out[2][1]))
+
+
+class _NotAsExpected:
+    """_claim_as_expected's answer when the row is live at the step but not as expected (nothing written)."""
+
+
+_NOT_AS_EXPECTED = _NotAsExpected()
+
+
+def _claim_as_expected(cur: Any, run_id: str, token: str, step: int) -> Claim | Run | _NotAsExpected | None:
+    """_claim_raw in ONE round trip for the row a wake-up for `step` expects: live at `step`, no owner, no
+    delivery of the step yet, and the phase the step starts from (`none` at step 0, as submitted; `done`
+    after, as checkpoint B of step - 1 left it). The claim's plan is made from that row before the query
+    (its ledger entry's reason and detail), the database raises epoch and total_deliveries on the row it
+    locked. The update matches only that row, so when it did, the plan is what the row read in the same
+    query (locked until the COMMIT) plans, and the claim is returned. Otherwise nothing was written: the
+    row read says why when it is not live or not at `step` (as _claim_raw returns it), and a live row at
+    `step` not as expected (a takeover, a retry finding its own claim, a redelivery, a replay from
+    checkpoint A) is `_NOT_AS_EXPECTED`, for _claim_raw. docs/design.md, "Round trips removed"."""
+    phase = "done" if step > 0 else "none"
+    now = now_ms()
+    _takeover, kind, reason, detail = _claim_words(None, 0, step, phase, 0)
+    cur.execute(_RAW_CLAIM_AS_EXPECTED, (
+        run_id, token, now, run_id, step, phase, token, now, run_id,
+        now, token, kind, reason, json.dumps(detail, sort_keys=True, default=str), run_id))
+    out = results(cur)
+    if not out[0][2]:
+        return None
+    run = Run.from_row(dict(zip(_COLUMNS, out[0][2][0], strict=True)))
+    if out[1][0] == 1:
+        return _claim_of(run, _plan_claim(run, now=now), token, int(out[3][1]))
+    return _NOT_AS_EXPECTED if _claimable(run, step) else run
 
 
 def resume_point(phase: str, step: int) -> str:

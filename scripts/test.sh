@@ -30,6 +30,6 @@ FENCED_TEST_MYSQL_URL=mysql+mysqldb://root@127.0.0.1:3306/fenced_test .venv/bin/
   tests/test_terminal_one_trip.py tests/test_step_done_claim.py tests/test_store.py \
   tests/test_delivery_roundtrips.py tests/test_history.py tests/test_money.py tests/test_accounts.py \
   tests/test_transitions.py tests/test_epoch_check.py tests/test_submit_many.py tests/test_cancel.py \
-  tests/test_inline_steps.py tests/test_recovery.py \
+  tests/test_inline_steps.py tests/test_recovery.py tests/test_claim_one_trip.py tests/test_submit_one_trip.py \
   tests/test_bench.py::test_the_round_trip_counter_counts_what_it_says \
   tests/test_bench.py::test_the_blob_byte_counter_counts_what_the_driver_sends
