@@ -370,15 +370,15 @@ def claim_or_row(run: Run | str, token: str, step: int | None = None) -> Claim |
     included), which was not live or not at `step`; None when there is no such run. A delivery judges
     a wake-up from that row instead of reading the row once more before claiming (tasks.delivery)."""
     run_id = run if isinstance(run, str) else run.run_id
+    c: Claim | Run | None
     if not one_trip():
         c = in_txn(_claim_txn, run_id, token, step)
     else:
         # A wake-up for a step expects its row as the step's start leaves it (no owner, no delivery yet):
         # one query claims it. Any other row (a takeover, a retry of ours, a redelivery) costs the two-query
         # claim after it. A rescue (no step) expects nothing.
-        c = _NOT_AS_EXPECTED if step is None else in_raw_txn(_claim_as_expected, run_id, token, step)
-        if c is _NOT_AS_EXPECTED:
-            c = in_raw_txn(_claim_raw, run_id, token, step)
+        first = _NOT_AS_EXPECTED if step is None else in_raw_txn(_claim_as_expected, run_id, token, step)
+        c = in_raw_txn(_claim_raw, run_id, token, step) if isinstance(first, _NotAsExpected) else first
     if isinstance(c, Claim) and history.sealed_of(c.run.checkpoint):
         # A run longer than one history segment: its sealed segments, read after the claim (they never
         # change once written, and those the row names were committed with it or before).
