@@ -166,22 +166,25 @@ def mark_sent_many(run_ids: Sequence[str], client: redis.Redis | None = None) ->
         log.warning("admission_mark_sent_failed", runs=len(run_ids), error=repr(exc))
 
 
+def release_call(user_id: str, run_id: str) -> scripts.Call:
+    """The script call that gives `run_id`'s slot back (release_slot.lua: idempotent, atomic), to run now
+    (`release_slots`) or to ride in another round trip (a run's final event: tasks.endings.finished)."""
+    return scripts.release_slot(user_slots_key=keys.user_slots(user_id), unsent_key=keys.ADMITTED_UNSENT,
+                                slot_owners_key=SLOT_OWNERS, run_id=run_id)
+
+
 def release_slots(slots: Sequence[tuple[str, str]], client: redis.Redis | None = None) -> int:
     """`release_slot` for many (user_id, run_id) in one round trip; idempotent, never raises (the
     sweeper's `reconcile_slots` frees what a lost release left). Returns how many slots were freed."""
     if not slots:
         return 0
+    client = client or get_redis()
     try:
-        pipe = (client or get_redis()).pipeline(transaction=True)
-        for user_id, run_id in slots:
-            pipe.zrem(keys.user_slots(user_id), run_id)
-            pipe.zrem(keys.ADMITTED_UNSENT, run_id)
-            pipe.hdel(SLOT_OWNERS, run_id)
-        replies = pipe.execute()
+        replies = scripts_for(client).execute_all(client, [release_call(u, r) for u, r in slots])
     except redis.RedisError as exc:
-        log.warning("admission_release_failed", runs=len(slots), error=repr(exc))
+        log.warning("admission_release_failed", runs=len(slots), run_id=slots[0][1], error=repr(exc))
         return 0
-    return sum(int(r) for r in replies[0::3])
+    return sum(int(r) for r in replies)
 
 
 def mark_sent(run_id: str, client: redis.Redis | None = None) -> None:
@@ -195,16 +198,7 @@ def mark_sent(run_id: str, client: redis.Redis | None = None) -> None:
 def release_slot(user_id: str, run_id: str, client: redis.Redis | None = None) -> bool:
     """Give the user's slot back (the run ended, or was never created). Idempotent, never raises:
     a release lost to a Redis outage is done by the sweeper's `reconcile_slots`. True if a slot was freed."""
-    try:
-        pipe = (client or get_redis()).pipeline(transaction=True)
-        pipe.zrem(keys.user_slots(user_id), run_id)
-        pipe.zrem(keys.ADMITTED_UNSENT, run_id)
-        pipe.hdel(SLOT_OWNERS, run_id)
-        freed, _, _ = pipe.execute()
-    except redis.RedisError as exc:
-        log.warning("admission_release_failed", run_id=run_id, user_id=user_id, error=repr(exc))
-        return False
-    return bool(freed)
+    return release_slots([(user_id, run_id)], client) == 1
 
 
 @dataclass(frozen=True)

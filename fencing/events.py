@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,18 +78,34 @@ class Appends:
                                               fields=Event(eid, type_, step, self.epoch, data).fields())
                          for eid, type_, step, data in self.items]
 
-    def send(self, client: redis.Redis | None = None) -> list[str]:
+    def send(self, client: redis.Redis | None = None, riders: Sequence[scripts.Call] = ()) -> list[str]:
         """Append them in a round trip of their own, or shared with other runs' appends in flight from
         this process at the same moment (fencing.group_commit); their stream ids.
+
+        `riders`: other script calls that go in the same round trip, ahead of the appends (a run's final
+        event carries its slot release: tasks.endings); an error among their replies raises as the
+        appends' would. On a Redis Cluster, whose pipelines order nothing across nodes, they go first in
+        a round trip of their own, so they still come before the appends.
 
         If a round trip that carried them failed (`unsettled`: a lost reply, or a Redis Cluster pipeline
         whose other node failed after theirs ran), the stream is looked at first: when its newest entries
         are these events under this epoch, they landed, and their ids are taken instead of appending
         them twice (a run's appends are sequential, so nothing of this holder can follow them)."""
         client = client or get_redis()
+        if riders and (is_cluster(client) or self.unsettled):
+            scripts_for(client).execute_all(client, riders)
+            riders = ()
         if self.unsettled and self._landed(client):
             return self.ids  # type: ignore[return-value]
-        return self.settle(group_commit.send(client, self.calls()))
+        calls = self.calls()
+        if riders:  # after the epoch mirror's raise (which settle reads first), ahead of the appends
+            at = 1 if self.raise_mirror else 0
+            calls[at:at] = riders
+        replies = group_commit.send(client, calls)
+        if riders:
+            at = 1 if self.raise_mirror else 0
+            del replies[at:at + len(riders)]
+        return self.settle(replies)
 
     def _landed(self, client: redis.Redis) -> bool:
         newest: list[tuple[str, dict[str, str]]] = client.xrevrange(  # type: ignore[assignment]

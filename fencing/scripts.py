@@ -46,6 +46,7 @@ class Scripts:
         "fault_hit",
         "release_prefix",
         "admit",
+        "release_slot",
         "promote",
     )
 
@@ -188,6 +189,11 @@ def admit(*, unsent_key: str, user_slots_key: str, slot_owners_key: str, queue_k
     """admit.lua: admit `run_id` under the global and per-user limits. Reply {ok, limit, count, extra}."""
     return Call("admit", (unsent_key, user_slots_key, slot_owners_key, *queue_keys),
                 (run_id, now_ms, max_queued, max_per_user, slot_ttl_ms, unsent_ttl_ms, outside_backlog, user_id))
+
+
+def release_slot(*, user_slots_key: str, unsent_key: str, slot_owners_key: str, run_id: str) -> Call:
+    """release_slot.lua: give `run_id`'s admission slot back (idempotent). Reply 1 freed, 0 it held none."""
+    return Call("release_slot", (user_slots_key, unsent_key, slot_owners_key), (run_id,))
 
 
 def promote(*, large_queue_key: str, normal_queue_key: str) -> Call:

@@ -12,8 +12,8 @@ the committing process only: a repair never calls them again."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import structlog
 
@@ -21,23 +21,30 @@ from checkpoints import runs
 from checkpoints.lifecycle import Cancelled
 from checkpoints.runs import Claim
 from fenced_core.errors import FencedOut
-from fencing import admission, dead_letters, events, lease, sweeper
+from fencing import admission, dead_letters, events, lease, scripts, sweeper
 from fencing.epoch import raise_epoch
 from tasks import hooks
 
 log = structlog.get_logger("tasks.endings")
-# emit(eid, type, data): how the committing holder appends (the step runner's emit raises the mirror)
-Emit = Callable[[str, str, dict[str, Any]], None]
+
+
+class Emit(Protocol):
+    """How the committing holder appends (the step runner's emit raises the mirror): one event, with
+    `riders` (other script calls) in its round trip ahead of it."""
+
+    def __call__(self, eid: str, type_: str, data: dict[str, Any] | None = None,
+                 riders: Sequence[scripts.Call] = ()) -> None: ...
 
 
 def finished(c: Claim, state: str, data: dict[str, Any], emit: Emit) -> None:
-    """Follow up a committed `done`/`failed` terminal write by holder `c`: slot back, final event, then
-    on_finished. A failed final event append raises (after the hooks): the delivery then asks for a
-    rescue, and the rescue's delivery repairs the stream."""
+    """Follow up a committed `done`/`failed` terminal write by holder `c`: slot back and final event in
+    one round trip (the release first: a client that sees the final event finds the slot free), then
+    on_finished. A failed round trip raises (after the hooks): the delivery then asks for a rescue, and
+    the rescue's delivery repairs the stream and the slot (`repair`; the sweeper's reconcile frees a
+    slot in any case)."""
     run_id = c.run.run_id
-    admission.release_slot(c.run.user_id, run_id)  # never raises; the sweeper frees a slot it missed
     try:
-        emit(*events.FINAL_EVENTS[state], data)
+        emit(*events.FINAL_EVENTS[state], data, riders=[admission.release_call(c.run.user_id, run_id)])
     finally:
         hooks.finished(run_id, c.epoch, state, data)
 

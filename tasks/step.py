@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from fenced_core.errors import (
     WaitForInput,
 )
 from fenced_core.settings import get_settings
-from fencing import events, faults
+from fencing import events, faults, scripts
 from fencing.lease import Lease, now_ms
 from fencing.watchdog import get_watchdog
 from tasks import context, endings, hooks, metrics, programs
@@ -89,18 +89,21 @@ class StepRunner:
         if self.lease.lost:
             raise LeaseLost(self.run_id)
 
-    def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> None:
-        """Append one event; the claim's first one also raises the epoch mirror (same round trip)."""
-        self.sent(self.event(eid, type_, data))
+    def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None,
+             riders: Sequence[scripts.Call] = ()) -> None:
+        """Append one event; the claim's first one also raises the epoch mirror (same round trip), and
+        `riders` go in that round trip ahead of it (events.Appends.send)."""
+        self.sent(self.event(eid, type_, data), riders)
 
     def event(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> events.Appends:
         """One event of this step, to append (`sent`) or to ride with another round trip first."""
         return events.Appends(self.run_id, self.c.epoch, [(eid, type_, self.step, data or {})],
                               raise_mirror=not self.mirror_raised)
 
-    def sent(self, appends: events.Appends) -> None:
-        """Append `appends` unless another round trip carried them already (their ids are set)."""
-        ids = appends.ids if appends.ids is not None else appends.send()
+    def sent(self, appends: events.Appends, riders: Sequence[scripts.Call] = ()) -> None:
+        """Append `appends` (with `riders` ahead of them) unless another round trip carried them already
+        (their ids are set)."""
+        ids = appends.ids if appends.ids is not None else appends.send(riders=riders)
         self.last_event_id = ids[-1]
         self.mirror_raised = True
 

@@ -96,6 +96,38 @@ def test_release_frees_a_slot(redis_client, limits):
     assert slots(redis_client, "u1") == ["r2"]
 
 
+def test_a_slot_release_rides_ahead_of_an_event_append(redis_client, limits):
+    """A run's final event carries its slot release (tasks.endings.finished): one call of Appends.send, the
+    release ahead of the append (on a cluster, in a round trip of its own before it), each reply in its
+    place: the event's stream id back, the slot free, the slot owner gone; a second release frees nothing."""
+    from fencing import events
+
+    limits(max_runs_per_user=1)
+    admission.admit("ride-1", "u1", QUEUES)
+    assert slots(redis_client, "u1") == ["ride-1"]
+    appends = events.Appends("ride-1", 0, [("run:done", "run_done", 3, {"answer": "ok"})])
+    ids = appends.send(client=get_redis(), riders=[admission.release_call("u1", "ride-1")])
+    assert slots(redis_client, "u1") == [] and redis_client.hget(admission.SLOT_OWNERS, "ride-1") is None
+    assert [fields["eid"] for _id, fields in redis_client.xrange(keys.events("ride-1"))] == ["run:done"]
+    assert ids == [redis_client.xrange(keys.events("ride-1"))[0][0]], "the append's own reply, not the release's"
+    admission.admit("ride-2", "u1", QUEUES)  # the slot is free for the user's next run
+    assert admission.release_slot("u1", "ride-1") is False
+
+
+def test_a_release_riding_with_appends_that_landed_already_still_goes(redis_client, limits):
+    """Appends whose earlier round trip failed (`unsettled`) and had landed are not appended again; the
+    release riding with them is still sent."""
+    from fencing import events
+
+    limits(max_runs_per_user=1)
+    admission.admit("ride-u", "u1", QUEUES)
+    appends = events.Appends("ride-u", 0, [("run:done", "run_done", 3, {})])
+    appends.send(client=get_redis())  # landed, but its reply was lost:
+    appends.unsettled, appends.ids = True, None
+    appends.send(client=get_redis(), riders=[admission.release_call("u1", "ride-u")])
+    assert len(redis_client.xrange(keys.events("ride-u"))) == 1 and slots(redis_client, "u1") == []
+
+
 def test_unreachable_redis_refuses(limits):
     limits()
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)

@@ -78,6 +78,7 @@ def _sample_calls() -> list[scripts.Call]:
                       slot_owners_key=__import__("fencing.admission", fromlist=["SLOT_OWNERS"]).SLOT_OWNERS,
                       queue_keys=[], run_id="run-a", now_ms=1, max_queued=1, max_per_user=1, slot_ttl_ms=1,
                       unsent_ttl_ms=1, outside_backlog=0, user_id="u"),
+        __import__("fencing.admission", fromlist=["release_call"]).release_call("u", "run-a"),
     ]
     return calls
 
@@ -317,3 +318,21 @@ def test_pipelined_scripts_go_one_round_trip_per_node(redis_client, monkeypatch)
         wd.renew_all()
     assert not any(lease.lost for lease in leases)
     assert len(trips) <= 3, f"60 renewals on 3 masters: {len(trips)} round trips"
+
+
+def test_a_slot_release_goes_before_the_final_event_on_a_cluster(redis_client, limits, monkeypatch):  # noqa: F811
+    """A cluster pipeline orders nothing across nodes, and the admission keys live on another slot than the
+    run's stream: the release riding with a final event goes first, in a round trip of its own, so a client
+    that sees the event still finds the slot free (on one Redis both share one round trip: test_admission)."""
+    from fencing import admission, group_commit
+
+    limits(max_runs_per_user=1)
+    admission.admit("ride-c", "uc", [])
+    piped: list[list[str]] = []
+    real = group_commit.send
+    monkeypatch.setattr(group_commit, "send", lambda client, calls: piped.append([c.script for c in calls])
+                        or real(client, calls))
+    appends = events.Appends("ride-c", 0, [("run:done", "run_done", 3, {})])
+    appends.send(client=redis_client, riders=[admission.release_call("uc", "ride-c")])
+    assert piped == [["append_event"]], "the release went alone, before the append's round trip"
+    assert redis_client.zcard(keys.user_slots("uc")) == 0 and len(redis_client.xrange(keys.events("ride-c"))) == 1

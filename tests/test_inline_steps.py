@@ -73,9 +73,9 @@ def test_a_step_done_event_rides_with_the_renewal_that_lets_the_step_go_on(store
     alone: list[str] = []
     real = events.Appends.send
 
-    def counted(self: events.Appends, client=None):  # type: ignore[no-untyped-def]
+    def counted(self: events.Appends, client=None, riders=()):  # type: ignore[no-untyped-def]
         alone.extend(eid for eid, *_ in self.items)
-        return real(self, client)
+        return real(self, client, riders)
 
     monkeypatch.setattr(events.Appends, "send", counted)
     assert deliver(run_id, None, lambda _r, s: None, inline=8) == "done"
