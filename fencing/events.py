@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import structlog
 
 from fenced_core import jsonbytes
 from fenced_core.errors import FencedOut
@@ -18,6 +19,8 @@ from fencing import group_commit, keys, scripts
 from fencing.cluster import is_cluster
 from fencing.connection import client_for, get_redis
 from fencing.scripts import scripts_for
+
+log = structlog.get_logger("fencing.events")
 
 # A run's last event by how it ended: (event id, type). The id is fixed, so a repaired one merges.
 # Every terminal state has one (an expired run is `failed` with error_class "expired").
@@ -85,7 +88,8 @@ class Appends:
         `riders`: other script calls that go in the same round trip, ahead of the appends (a run's final
         event carries its slot release: tasks.endings); an error among their replies raises as the
         appends' would. On a Redis Cluster, whose pipelines order nothing across nodes, they go first in
-        a round trip of their own, so they still come before the appends.
+        a round trip of their own, so they still come before the appends; there they live on another
+        node than the stream, and a failure of theirs is logged and never holds the appends back.
 
         If a round trip that carried them failed (`unsettled`: a lost reply, or a Redis Cluster pipeline
         whose other node failed after theirs ran), the stream is looked at first: when its newest entries
@@ -93,7 +97,7 @@ class Appends:
         them twice (a run's appends are sequential, so nothing of this holder can follow them)."""
         client = client or get_redis()
         if riders and (is_cluster(client) or self.unsettled):
-            scripts_for(client).execute_all(client, riders)
+            _send_alone(client, riders)
             riders = ()
         if self.unsettled and self._landed(client):
             return self.ids  # type: ignore[return-value]
@@ -125,6 +129,16 @@ class Appends:
             raise FencedOut(self.run_id, self.epoch, f"event {self.items[replies.index(None)][0]}")
         self.ids = [str(i) for i in replies]
         return self.ids
+
+
+def _send_alone(client: redis.Redis, riders: Sequence[scripts.Call]) -> None:
+    """Riders that cannot share the appends' round trip (a cluster; an unsettled retry) go first, alone,
+    best effort: follow-ups the appends must not fail with (a slot release that the sweeper's reconcile
+    redoes; the repair of an ended run gives it back too)."""
+    try:
+        scripts_for(client).execute_all(client, riders)
+    except redis.RedisError as exc:
+        log.warning("riders_failed", scripts=[r.script for r in riders], error=repr(exc))
 
 
 def append_first_of_many(items: list[tuple[str, Event]], client: redis.Redis | None = None) -> None:

@@ -128,6 +128,30 @@ def test_a_release_riding_with_appends_that_landed_already_still_goes(redis_clie
     assert len(redis_client.xrange(keys.events("ride-u"))) == 1 and slots(redis_client, "u1") == []
 
 
+def test_a_release_that_goes_alone_and_fails_never_holds_the_append_back(redis_client, limits, monkeypatch):
+    """Where the release goes in a round trip of its own (a cluster, where the admission keys live on another
+    node than the run's stream; an unsettled retry), its failure is logged and the append still goes: the
+    slot is left to the sweeper's reconcile, the final event is not lost with it."""
+    from fencing import events, scripts
+    from fencing.connection import RedisUnavailable
+
+    limits(max_runs_per_user=1)
+    admission.admit("ride-f", "u1", QUEUES)
+    real = scripts.Scripts.execute_all
+
+    def failing(self, client, calls, raise_on_error=True):  # type: ignore[no-untyped-def]
+        if calls and all(c.script == "release_slot" for c in calls):
+            raise RedisUnavailable("the admission node is down")
+        return real(self, client, calls, raise_on_error)
+
+    monkeypatch.setattr(scripts.Scripts, "execute_all", failing)
+    appends = events.Appends("ride-f", 0, [("run:done", "run_done", 3, {})])
+    appends.unsettled = True  # on one Redis, the alone path is an unsettled retry's
+    appends.send(client=get_redis(), riders=[admission.release_call("u1", "ride-f")])
+    assert [f["eid"] for _id, f in redis_client.xrange(keys.events("ride-f"))] == ["run:done"]
+    assert slots(redis_client, "u1") == ["ride-f"], "the failed release freed nothing"
+
+
 def test_unreachable_redis_refuses(limits):
     limits()
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
