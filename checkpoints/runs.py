@@ -401,12 +401,12 @@ class _ClaimPlan:
     detail: dict[str, Any]
 
 
-def _plan_claim(run: Run, inline: bool = False, now: int | None = None) -> _ClaimPlan:
+def _plan_claim(run: Run, inline: bool = False) -> _ClaimPlan:
     """`inline`: the claim comes from the delivery that ran the step before, still holding the lease
     (write_step_done_and_claim)."""
     takeover, kind, reason, detail = _claim_words(run.owner, run.epoch, run.step, run.phase, run.deliveries, inline)
-    return _ClaimPlan(run.epoch + 1, run.deliveries + 1, run.total_deliveries + 1, now_ms() if now is None else now,
-                      takeover, kind, reason, detail)
+    return _ClaimPlan(run.epoch + 1, run.deliveries + 1, run.total_deliveries + 1, now_ms(), takeover, kind, reason,
+                      detail)
 
 
 def _claim_words(owner: str | None, epoch: int, step: int, phase: str, deliveries: int, inline: bool = False
@@ -515,7 +515,7 @@ def _claim_as_expected(cur: Any, run_id: str, token: str, step: int) -> Claim | 
     checkpoint A) is `_NOT_AS_EXPECTED`, for _claim_raw. docs/design.md, "Round trips removed"."""
     phase = "done" if step > 0 else "none"
     now = now_ms()
-    _takeover, kind, reason, detail = _claim_words(None, 0, step, phase, 0)
+    takeover, kind, reason, detail = _claim_words(None, 0, step, phase, 0)
     cur.execute(_RAW_CLAIM_AS_EXPECTED, (
         run_id, token, now, run_id, step, phase, token, now, run_id,
         now, token, kind, reason, json.dumps(detail, sort_keys=True, default=str), run_id))
@@ -523,8 +523,9 @@ def _claim_as_expected(cur: Any, run_id: str, token: str, step: int) -> Claim | 
     if not out[0][2]:
         return None
     run = Run.from_row(dict(zip(_COLUMNS, out[0][2][0], strict=True)))
-    if out[1][0] == 1:
-        return _claim_of(run, _plan_claim(run, now=now), token, int(out[3][1]))
+    if out[1][0] == 1:  # the row was the one these words were made for
+        plan = _ClaimPlan(run.epoch + 1, 1, run.total_deliveries + 1, now, takeover, kind, reason, detail)
+        return _claim_of(run, plan, token, int(out[3][1]))
     return _NOT_AS_EXPECTED if _claimable(run, step) else run
 
 

@@ -102,13 +102,10 @@ class Appends:
         if self.unsettled and self._landed(client):
             return self.ids  # type: ignore[return-value]
         calls = self.calls()
-        if riders:  # after the epoch mirror's raise (which settle reads first), ahead of the appends
-            at = 1 if self.raise_mirror else 0
-            calls[at:at] = riders
+        at = 1 if self.raise_mirror else 0  # riders after the epoch mirror's raise, ahead of the appends
+        calls[at:at] = riders
         replies = group_commit.send(client, calls)
-        if riders:
-            at = 1 if self.raise_mirror else 0
-            del replies[at:at + len(riders)]
+        del replies[at:at + len(riders)]  # settle reads the mirror's reply and the appends' only
         return self.settle(replies)
 
     def _landed(self, client: redis.Redis) -> bool:
