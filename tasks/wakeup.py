@@ -19,6 +19,8 @@ from typing import Any, Literal
 import structlog
 from celery import Celery
 from kombu import Queue
+from kombu.exceptions import BatchPublishError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from checkpoints import ledger
 from checkpoints.db import in_transaction
@@ -66,7 +68,7 @@ def send(run_id: str, step: int | None, reason: Reason, *, kind: str = "normal",
         _route(run_id, step, reason, kind, prefer)
         return
     queue = queue_for(reason, kind)
-    _publish(run_id, step, reason, queue, queue)
+    _in_one_trip(run_id, step, reason, queue)
     log.debug("wakeup_sent", run_id=run_id, step=step, reason=reason, queue=queue)
 
 
@@ -90,6 +92,36 @@ def batch() -> Iterator[None]:
             yield
         finally:
             _batch.producer = None
+
+
+def _in_one_trip(run_id: str, step: int | None, reason: Reason, queue: str) -> None:
+    """Publish one wake-up in one broker round trip. With task-sent events on (FENCED_TASK_EVENTS: Flower's
+    "sent" state) a Celery publish is two, the message's LPUSH and then its event's PUBLISH; here the
+    wake-up is a publish batch of one (kombu's, as `batch`), so both go in one pipeline. Inside an open
+    batch it joins that one.
+
+    kombu sends a batch without its connection retry, so a failed one-message batch is sent again here as
+    Celery's own publish would be (task_publish_retry_policy). A repeat after a lost reply may leave two
+    copies: harmless, as any number of copies of a wake-up may arrive (the run row decides)."""
+    if not _app[0].conf.task_send_sent_event:  # one command: Celery's own publish, with its own retry
+        _publish(run_id, step, reason, queue, queue)
+        return
+    try:
+        with batch():
+            _publish(run_id, step, reason, queue, queue)
+        return
+    except BatchPublishError as exc:
+        if not _app[0].conf.task_publish_retry:
+            raise
+        log.warning("wakeup_send_retried", run_id=run_id, step=step, reason=reason, error=repr(exc.__cause__ or exc))
+    policy = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 1,
+              **(_app[0].conf.task_publish_retry_policy or {})}
+    for attempt in Retrying(retry=retry_if_exception_type(BatchPublishError), reraise=True,
+                            stop=stop_after_attempt(max(int(policy["max_retries"]), 1)),
+                            wait=wait_incrementing(policy["interval_start"], policy["interval_step"],
+                                                   policy["interval_max"])):
+        with attempt, batch():
+            _publish(run_id, step, reason, queue, queue)
 
 
 def _publish(run_id: str, step: int | None, reason: Reason, queue: str | Queue, name: str) -> None:
