@@ -72,9 +72,9 @@ TOOL_PROBE = Edit(
 # continuation sent before it would be picked up while the lease is still held.
 LET_GO_PROBE = Edit(
     "tasks/delivery.py",
-    "    try:\n        if lease.timed_out:\n            return\n",
+    "    try:\n        if lease.timed_out or lease.released:",
     "    from fencing import faults\n\n    faults.point(\"before_let_go\", lease.run_id)  # mutation probe\n"
-    "    try:\n        if lease.timed_out:\n            return\n",
+    "    try:\n        if lease.timed_out or lease.released:",
 )
 
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in (

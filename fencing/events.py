@@ -73,6 +73,8 @@ class Appends:
     ids: list[str] | None = None  # the stream ids, once settled
     # A round trip carrying them was sent and gave no reply (it failed): they may have landed.
     unsettled: bool = False
+    # The riders `send` was given ran (with the appends, or alone before them).
+    riders_ran: bool = False
 
     def calls(self) -> list[scripts.Call]:
         maxlen = get_settings().events_keep
@@ -81,15 +83,17 @@ class Appends:
                                               fields=Event(eid, type_, step, self.epoch, data).fields())
                          for eid, type_, step, data in self.items]
 
-    def send(self, client: redis.Redis | None = None, riders: Sequence[scripts.Call] = ()) -> list[str]:
+    def send(self, client: redis.Redis | None = None,
+             riders: Sequence[scripts.Call | scripts.Command] = ()) -> list[str]:
         """Append them in a round trip of their own, or shared with other runs' appends in flight from
         this process at the same moment (fencing.group_commit); their stream ids.
 
-        `riders`: other script calls that go in the same round trip, ahead of the appends (a run's final
-        event carries its slot release: tasks.endings); an error among their replies raises as the
-        appends' would. On a Redis Cluster, whose pipelines order nothing across nodes, they go first in
-        a round trip of their own, so they still come before the appends; there they live on another
-        node than the stream, and a failure of theirs is logged and never holds the appends back.
+        `riders`: other script calls (or plain commands) that go in the same round trip, ahead of the
+        appends (a run's final event carries its slot release and its lease release: tasks.endings); an
+        error among their replies raises as the appends' would. On a Redis Cluster, whose pipelines order
+        nothing across nodes, they go first in a round trip of their own, so they still come before the
+        appends; there they live on other nodes than the stream, and a failure of theirs is logged and
+        never holds the appends back. `riders_ran` says afterwards whether they ran.
 
         If a round trip that carried them failed (`unsettled`: a lost reply, or a Redis Cluster pipeline
         whose other node failed after theirs ran), the stream is looked at first: when its newest entries
@@ -97,14 +101,15 @@ class Appends:
         them twice (a run's appends are sequential, so nothing of this holder can follow them)."""
         client = client or get_redis()
         if riders and (is_cluster(client) or self.unsettled):
-            _send_alone(client, riders)
+            self.riders_ran = _send_alone(client, riders)
             riders = ()
         if self.unsettled and self._landed(client):
             return self.ids  # type: ignore[return-value]
-        calls = self.calls()
+        calls: list[scripts.Call | scripts.Command] = list(self.calls())
         at = 1 if self.raise_mirror else 0  # riders after the epoch mirror's raise, ahead of the appends
         calls[at:at] = riders
         replies = group_commit.send(client, calls)
+        self.riders_ran = self.riders_ran or bool(riders)
         del replies[at:at + len(riders)]  # settle reads the mirror's reply and the appends' only
         return self.settle(replies)
 
@@ -128,14 +133,18 @@ class Appends:
         return self.ids
 
 
-def _send_alone(client: redis.Redis, riders: Sequence[scripts.Call]) -> None:
+def _send_alone(client: redis.Redis, riders: Sequence[scripts.Call | scripts.Command]) -> bool:
     """Riders that cannot share the appends' round trip (a cluster; an unsettled retry) go first, alone,
     best effort: follow-ups the appends must not fail with (a slot release that the sweeper's reconcile
-    redoes; the repair of an ended run gives it back too)."""
+    redoes, the repair of an ended run gives it back too; a lease release that the delivery makes again
+    when this one failed). Whether they ran."""
     try:
         scripts_for(client).execute_all(client, riders)
     except redis.RedisError as exc:
-        log.warning("riders_failed", scripts=[r.script for r in riders], error=repr(exc))
+        log.warning("riders_failed", error=repr(exc),
+                    scripts=[r.script if isinstance(r, scripts.Call) else r.name for r in riders])
+        return False
+    return True
 
 
 def append_first_of_many(items: list[tuple[str, Event]], client: redis.Redis | None = None) -> None:

@@ -24,7 +24,8 @@ POINTS = (
     "before_checkpoint_a",  # the decision's event is out, checkpoint A not written: the DB fence is next
     "in_tool",  # a tool call's tool_started event is out, the tool runs next (chaos kills "tools" here)
     "after_tools",  # every tool returned and the lease-lost check passed, checkpoint B not written
-    "after_terminal_write",  # the terminal transaction committed, the message not acked
+    "before_ending",  # the terminal transaction committed; slot, lease and final event not given back yet
+    "after_terminal_write",  # the terminal transaction committed, its ending sent, the message not acked
     "before_effect",  # a holder is about to perform an effect (add-to-cart): its fenced transaction is next
     "in_confirm",  # a confirm inserted its order; the card update and the commit are next (run_id: the card's)
 )

@@ -33,14 +33,14 @@ import redis
 from fenced_core.errors import StoreUnavailable
 from fencing.cluster import is_cluster
 from fencing.fenced_redis import RedisUnavailable
-from fencing.scripts import Call, scripts_for
+from fencing.scripts import Call, Command, scripts_for
 
 _ATTR = "_fenced_group_commit"
 
 
 @dataclass
 class _Waiting:
-    calls: Sequence[Call]
+    calls: Sequence[Call | Command]
     replies: list[Any] = field(default_factory=list)
     error: BaseException | None = None
     done: bool = False
@@ -59,7 +59,7 @@ class GroupCommit:
         self.trips = 0
         self.calls = 0
 
-    def send(self, calls: Sequence[Call]) -> list[Any]:
+    def send(self, calls: Sequence[Call | Command]) -> list[Any]:
         """Run `calls` (one caller's, in order) in a round trip shared with whatever else is queued;
         their replies, an error among them raised (the first)."""
         me = _Waiting(calls)
@@ -117,7 +117,7 @@ def _as_own(error: BaseException) -> Exception:
     return own
 
 
-def send(client: redis.Redis, calls: Sequence[Call]) -> list[Any]:
+def send(client: redis.Redis, calls: Sequence[Call | Command]) -> list[Any]:
     """`calls` in a round trip shared with other runs' appends on this client (alone on a cluster)."""
     if is_cluster(client):
         return scripts_for(client).execute_all(client, calls)

@@ -56,6 +56,8 @@ class Lease:
     # acquire() took the handoff the previous step left for this step (not a free lease): the row was
     # at this step, handed over and committed, when the handoff was set (see tasks.delivery)
     took_handoff: bool = False
+    # let go already, in the round trip of the run's final event (tasks.endings.finished)
+    released: bool = False
 
     @property
     def key(self) -> str:
@@ -153,21 +155,24 @@ class Lease:
         last write (parking) or that stopped early and wants the run rescued soon. Returns True if
         the lease was still ours."""
         client = client or get_redis()
-        registered = scripts_for(client)
+        return bool(scripts_for(client).execute_all(client, self.release_calls(handoff_step, watch_until_ms))[0])
+
+    def release_calls(self, handoff_step: int | None = None,
+                      watch_until_ms: int | None = None) -> list[scripts.Call | scripts.Command]:
+        """What `release` sends, in one round trip of its own or riding in another (a run's final event:
+        tasks.endings); the first reply says whether the lease was still ours."""
         value = "" if handoff_step is None else handoff_value(handoff_step)
-
-        def build(pipe: redis.client.Pipeline) -> None:
-            registered.queue(pipe, scripts.release(self.run_id, token=self.token, handoff=value,
-                                                   handoff_ttl_ms=self.ttl_ms))
-            if value:
-                pipe.zadd(self.index, {keys.index_member(self.run_id, value): now_ms() + self.ttl_ms})
-            if watch_until_ms is None:
-                pipe.zrem(self.index, self.member)
-            else:
-                pipe.zadd(self.index, {self.member: watch_until_ms})
-            pipe.srem(keys.held_by(self.process), self.run_id)
-
-        return bool(registered.execute(client, build)[0])
+        calls: list[scripts.Call | scripts.Command] = [
+            scripts.release(self.run_id, token=self.token, handoff=value, handoff_ttl_ms=self.ttl_ms)]
+        if value:
+            calls.append(scripts.Command("ZADD", (self.index,), (now_ms() + self.ttl_ms,
+                                                                 keys.index_member(self.run_id, value))))
+        if watch_until_ms is None:
+            calls.append(scripts.Command("ZREM", (self.index,), (self.member,)))
+        else:
+            calls.append(scripts.Command("ZADD", (self.index,), (watch_until_ms, self.member)))
+        calls.append(scripts.Command("SREM", (keys.held_by(self.process),), (self.run_id,)))
+        return calls
 
     def unwatch(self, client: redis.Redis | None = None) -> None:
         """Remove this holder's index entry (its last write committed after an early release)."""

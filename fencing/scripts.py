@@ -61,8 +61,9 @@ class Scripts:
             call = Call(call, tuple(keys), tuple(args))
         return self._scripts[call.script](keys=list(call.keys), args=list(call.args), client=client)
 
-    def queue(self, pipe: Pipeline, call: Call) -> None:
-        """Queue a script on a pipeline run by `execute` (EVALSHA, no per-execute SCRIPT EXISTS). Queued as a
+    def queue(self, pipe: Pipeline, call: Call | Command) -> None:
+        """Queue a script (or a plain `Command`) on a pipeline run by `execute` (EVALSHA, no per-execute SCRIPT
+        EXISTS). Queued as a
         raw command: a Redis Cluster pipeline refuses its `evalsha` method, yet routes an EVALSHA by its
         keys (all in one slot: see fencing.keys): named explicitly, since a cluster pipeline cannot read an
         EVALSHA's keys itself and would send it to any node, then resend it alone after the MOVED reply (one
@@ -70,6 +71,9 @@ class Scripts:
         options: dict[str, Any] = {}
         if call.keys and is_cluster(pipe):
             options["target_nodes"] = cast(RedisCluster, pipe).get_node_from_key(call.keys[0])
+        if isinstance(call, Command):
+            pipe.execute_command(call.name, *call.keys, *call.args, **options)
+            return
         pipe.execute_command("EVALSHA", self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args,
                              **options)
 
@@ -102,7 +106,8 @@ class Scripts:
                 script.sha = client.script_load(script.script)
         raise AssertionError("unreachable")
 
-    def execute_all(self, client: redis.Redis, calls: Sequence[Call], raise_on_error: bool = True) -> list[Any]:
+    def execute_all(self, client: redis.Redis, calls: Sequence[Call | Command],
+                    raise_on_error: bool = True) -> list[Any]:
         """Run `calls` in ONE round trip (as `execute`); their replies in order."""
 
         def build(pipe: Pipeline) -> None:
@@ -129,6 +134,17 @@ class Call:
 
     script: str
     keys: tuple[str, ...]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A plain command that goes with script calls (a rider of an event's round trip): its name, its one
+    key (routes it on a Redis Cluster) and the rest of its arguments. Only commands harmless to repeat
+    (`Scripts.execute` may send a pipeline twice): absolute ZADD/ZREM/SREM."""
+
+    name: str
+    keys: tuple[str]
     args: tuple[Any, ...]
 
 

@@ -268,7 +268,7 @@ def _let_go(lease: Lease, handoff: int | None, rescue_soon: bool) -> None:
     A lease the step timeout let go is left to run out (a wedged thread may still be in a write), so
     the takeover comes after step timeout + lease, as the watchdog's ledger entry says."""
     try:
-        if lease.timed_out:
+        if lease.timed_out or lease.released:  # left to run out; let go with the run's final event
             return
         if rescue_soon:
             # Drop our lease (if still ours); our own index entry comes due now, so the reaper rescues

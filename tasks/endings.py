@@ -30,21 +30,28 @@ log = structlog.get_logger("tasks.endings")
 
 class Emit(Protocol):
     """How the committing holder appends (the step runner's emit raises the mirror): one event, with
-    `riders` (other script calls) in its round trip ahead of it."""
+    `riders` (other script calls, plain commands) in its round trip ahead of it."""
 
     def __call__(self, eid: str, type_: str, data: dict[str, Any] | None = None,
-                 riders: Sequence[scripts.Call] = ()) -> None: ...
+                 riders: Sequence[scripts.Call | scripts.Command] = ()) -> events.Appends: ...
 
 
-def finished(c: Claim, state: str, data: dict[str, Any], emit: Emit) -> None:
-    """Follow up a committed `done`/`failed` terminal write by holder `c`: slot back and final event in
-    one round trip (the release first: a client that sees the final event finds the slot free), then
-    on_finished. A failed round trip raises (after the hooks): the delivery then asks for a rescue, and
-    the rescue's delivery repairs the stream and the slot (`repair`; the sweeper's reconcile frees a
-    slot in any case)."""
+def finished(c: Claim, state: str, data: dict[str, Any], emit: Emit, held: lease.Lease | None = None) -> None:
+    """Follow up a committed `done`/`failed` terminal write by holder `c`: slot back, the lease `held`
+    let go, and the final event, in one round trip (the releases first: a client that sees the final
+    event finds the slot free), then on_finished. The lease's release is the one its delivery would send
+    after the step (`held.released` then says it went; a lease the step timeout gave up is left to run
+    out, as the delivery leaves it). A failed round trip raises (after the hooks): the delivery then
+    lets go of the lease and asks for a rescue, and the rescue's delivery repairs the stream and the slot
+    (`repair`; the sweeper's reconcile frees a slot in any case)."""
     run_id = c.run.run_id
+    letting_go = held if held is not None and not held.timed_out else None
+    riders: list[scripts.Call | scripts.Command] = [admission.release_call(c.run.user_id, run_id)]
     try:
-        emit(*events.FINAL_EVENTS[state], data, riders=[admission.release_call(c.run.user_id, run_id)])
+        appends = emit(*events.FINAL_EVENTS[state], data,
+                       riders=riders + (letting_go.release_calls() if letting_go else []))
+        if letting_go:
+            letting_go.released = appends.riders_ran
     finally:
         hooks.finished(run_id, c.epoch, state, data)
 

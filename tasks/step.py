@@ -90,22 +90,25 @@ class StepRunner:
             raise LeaseLost(self.run_id)
 
     def emit(self, eid: str, type_: str, data: dict[str, Any] | None = None,
-             riders: Sequence[scripts.Call] = ()) -> None:
+             riders: Sequence[scripts.Call | scripts.Command] = ()) -> events.Appends:
         """Append one event; the claim's first one also raises the epoch mirror (same round trip), and
-        `riders` go in that round trip ahead of it (events.Appends.send)."""
-        self.sent(self.event(eid, type_, data), riders)
+        `riders` go in that round trip ahead of it (events.Appends.send; its `riders_ran` says whether
+        they ran)."""
+        return self.sent(self.event(eid, type_, data), riders)
 
     def event(self, eid: str, type_: str, data: dict[str, Any] | None = None) -> events.Appends:
         """One event of this step, to append (`sent`) or to ride with another round trip first."""
         return events.Appends(self.run_id, self.c.epoch, [(eid, type_, self.step, data or {})],
                               raise_mirror=not self.mirror_raised)
 
-    def sent(self, appends: events.Appends, riders: Sequence[scripts.Call] = ()) -> None:
+    def sent(self, appends: events.Appends,
+             riders: Sequence[scripts.Call | scripts.Command] = ()) -> events.Appends:
         """Append `appends` (with `riders` ahead of them) unless another round trip carried them already
         (their ids are set)."""
         ids = appends.ids if appends.ids is not None else appends.send(riders=riders)
         self.last_event_id = ids[-1]
         self.mirror_raised = True
+        return appends
 
     def replies(self) -> list[dict[str, Any]]:
         """A person's answers so far (question, reply), once the run has waited on one."""
@@ -182,7 +185,7 @@ class StepRunner:
             self.history.append(record)
         with metrics.checkpoint_timer("terminal"):
             charge = runs.finish(self.c, "done", self.checkpoint(), self.usage, self.last_event_id, answer=answer)
-        endings.finished(self.c, "done", {"answer": answer, "credits_charged": charge}, self.emit)
+        self._ended("done", {"answer": answer, "credits_charged": charge})
         self.log.info("run_done", credits=charge)
         faults.point("after_terminal_write", self.run_id)
         return Outcome("done")
@@ -257,10 +260,17 @@ class StepRunner:
         error_class = exc.failure_class
         charge = runs.finish(self.c, "failed", self.checkpoint(), self.usage, self.last_event_id,
                              error_class=error_class, error=str(exc))
-        endings.finished(self.c, "failed", {"error_class": error_class, "error": str(exc), "credits_charged": charge},
-                         self.emit)
+        self._ended("failed", {"error_class": error_class, "error": str(exc), "credits_charged": charge})
         self.log.warning("run_failed", error_class=error_class, error=str(exc))
         return Outcome("failed")
+
+    def _ended(self, state: str, data: dict[str, Any]) -> None:
+        """After the terminal write committed: nothing of the run is left to fence, so the lease is no
+        longer renewed (`untrack` waits out a renewal in flight, which could otherwise put back the index
+        entry the release removes) and goes back with the slot in the final event's round trip."""
+        faults.point("before_ending", self.run_id)
+        get_watchdog(self.settings.heartbeat_ms).untrack(self.lease)
+        endings.finished(self.c, state, data, self.emit, self.lease)
 
     def _dead(self, reason: str) -> Outcome:
         endings.dead_letter(self.c, reason, {"step": self.step, "history_steps": len(self.history)})

@@ -150,6 +150,7 @@ def test_a_release_that_goes_alone_and_fails_never_holds_the_append_back(redis_c
     appends.send(client=get_redis(), riders=[admission.release_call("u1", "ride-f")])
     assert [f["eid"] for _id, f in redis_client.xrange(keys.events("ride-f"))] == ["run:done"]
     assert slots(redis_client, "u1") == ["ride-f"], "the failed release freed nothing"
+    assert appends.riders_ran is False, "a lease release among them is then made by its delivery"
 
 
 def test_unreachable_redis_refuses(limits):

@@ -336,3 +336,28 @@ def test_a_slot_release_goes_before_the_final_event_on_a_cluster(redis_client, l
     appends.send(client=redis_client, riders=[admission.release_call("uc", "ride-c")])
     assert piped == [["append_event"]], "the release went alone, before the append's round trip"
     assert redis_client.zcard(keys.user_slots("uc")) == 0 and len(redis_client.xrange(keys.events("ride-c"))) == 1
+
+
+def test_a_lease_released_with_the_final_event_goes_alone_first_on_a_cluster(redis_client, limits, monkeypatch):  # noqa: F811
+    """The lease, the reaper's index shard and the process's set live on three slots: on a cluster the lease
+    release riding with a final event goes ahead of it in a round trip of its own (each part routed to
+    its node), and `riders_ran` says it went, so the delivery sends no second one."""
+    from fencing import admission, group_commit
+    from fencing.lease import Lease
+
+    limits(max_runs_per_user=1)
+    admission.admit("ride-l", "ul", [])
+    lease = Lease("ride-l", 30_000)
+    assert lease.acquire(None, client=redis_client)
+    piped: list[list[str]] = []
+    real = group_commit.send
+    monkeypatch.setattr(group_commit, "send", lambda client, calls: piped.append([c.script for c in calls])
+                        or real(client, calls))
+    appends = events.Appends("ride-l", 0, [("run:done", "run_done", 3, {})])
+    appends.send(client=redis_client, riders=[admission.release_call("ul", "ride-l"), *lease.release_calls()])
+    assert piped == [["append_event"]], "the releases went alone, before the append's round trip"
+    assert appends.riders_ran
+    assert redis_client.get(keys.lease("ride-l")) is None
+    assert [m for m in redis_client.zrange(keys.lease_index("ride-l"), 0, -1) if m.endswith("|ride-l")] == []
+    assert not redis_client.sismember(keys.held_by(lease.process), "ride-l")
+    assert redis_client.zcard(keys.user_slots("ul")) == 0 and len(redis_client.xrange(keys.events("ride-l"))) == 1
