@@ -8,7 +8,6 @@ version 2 blob (it would take the tail for the whole history) instead of misread
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +35,7 @@ def encode(checkpoint: dict[str, Any], *, encoded: tuple[str, Sequence[bytes]] |
 def decode(blob: bytes | None) -> dict[str, Any]:
     if not blob:
         return {}
-    data: dict[str, Any] = json.loads(zlib.decompress(blob))
+    data: dict[str, Any] = jsonbytes.loads(zlib.decompress(blob))
     version = data.pop("v", None)
     if version not in READABLE:
         raise ValueError(f"checkpoint version {version!r} is not readable by this build (reads {READABLE})")

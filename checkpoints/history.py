@@ -11,7 +11,9 @@ the whole history and no `history_sealed`: they read as they are and are split o
 
 A segment's content is fixed once written: its entries precede the checkpoint that sealed it, and a
 later holder resumes from that checkpoint or a later one. A retried transaction rewrites the same
-segment (delete + insert by its key), so a lost commit reply cannot duplicate one.
+segment (delete + insert by its key), so a lost commit reply cannot duplicate one. So a process keeps
+the segments it has read (`load`): a run's next claim in the same process joins its history without
+reading the database again, until a checkpoint seals a segment it has not read.
 
 An entry is fixed once recorded, in the tail as in a segment: `EntryBytes` encodes each entry once for
 all the writes of one delivery (a step writes two checkpoints, and an inline delivery several steps), so
@@ -21,6 +23,9 @@ afterwards changes nothing stored; one that puts a new object at a position has 
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,11 +130,84 @@ def load_txn(conn: Connection, run_id: str, checkpoint: dict[str, Any]) -> dict[
     sealed = sealed_of(checkpoint)
     if not sealed:
         return checkpoint
+    blobs = _read_txn(conn, run_id, sealed // SEGMENT)
+    _SEEN.put(str(conn.engine.url), run_id, blobs)
+    return _joined(checkpoint, blobs)
+
+
+def load(run_id: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """As `load_txn`, outside a transaction: the segments this process read before, else read in a read
+    transaction of its own (the run store's default database)."""
+    from checkpoints.db import transaction
+
+    sealed = sealed_of(checkpoint)
+    if not sealed:
+        return checkpoint
+    blobs = _SEEN.get(_default_store(), run_id, sealed // SEGMENT)
+    if blobs is None:
+        with transaction(readonly=True) as conn:
+            return load_txn(conn, run_id, checkpoint)
+    return _joined(checkpoint, blobs)
+
+
+def _read_txn(conn: Connection, run_id: str, count: int) -> list[bytes]:
     rows = conn.execute(sa.select(run_history.c.seq, run_history.c.body)
-                        .where(run_history.c.run_id == run_id, run_history.c.seq < sealed // SEGMENT)
+                        .where(run_history.c.run_id == run_id, run_history.c.seq < count)
                         .order_by(run_history.c.seq)).all()
-    if [r.seq for r in rows] != list(range(sealed // SEGMENT)):
-        raise RuntimeError(f"run {run_id}: history segments {[r.seq for r in rows]} stored, "
-                           f"{sealed // SEGMENT} expected")
-    head = [e for r in rows for e in codec.decode(r.body)["entries"]]
+    if [r.seq for r in rows] != list(range(count)):
+        raise RuntimeError(f"run {run_id}: history segments {[r.seq for r in rows]} stored, {count} expected")
+    return [r.body for r in rows]
+
+
+def _joined(checkpoint: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    head = [e for blob in blobs for e in codec.decode(blob)["entries"]]
     return {**checkpoint, "history": head + list(checkpoint.get("history", [])), WHOLE: True}
+
+
+def _default_store() -> str:
+    """The key `load_txn` files segments under for the default database: its engine's URL, as a string."""
+    from checkpoints.db import get_engine
+
+    return str(get_engine().url)
+
+
+class _Seen:
+    """Sealed segments this process read, as stored (blobs: each delivery decodes its own entries, so a
+    program that changes one in place changes nothing another delivery reads), by store, run and seq.
+    At most SEEN_SEGMENTS; the least recently used go first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._blobs: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, store: str, run_id: str, count: int) -> list[bytes] | None:
+        """Segments 0 .. count - 1 of the run, if this process holds every one of them."""
+        wanted = [(store, run_id, seq) for seq in range(count)]
+        with self._lock:
+            if not all(key in self._blobs for key in wanted):
+                return None
+            for key in wanted:
+                self._blobs.move_to_end(key)
+            return [self._blobs[key] for key in wanted]
+
+    def put(self, store: str, run_id: str, blobs: list[bytes]) -> None:
+        with self._lock:
+            for seq, blob in enumerate(blobs):
+                self._blobs[(store, run_id, seq)] = blob
+                self._blobs.move_to_end((store, run_id, seq))
+            while len(self._blobs) > self.size:
+                self._blobs.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._blobs.clear()
+
+    def _after_fork(self) -> None:  # a lock held by another thread at fork would never be released
+        self._lock = threading.Lock()
+
+
+# About 2 KB each (16 entries of a step record, compressed): a few MB for a process's long runs.
+SEEN_SEGMENTS = 2048
+_SEEN = _Seen(SEEN_SEGMENTS)
+os.register_at_fork(after_in_child=_SEEN._after_fork)

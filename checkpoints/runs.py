@@ -381,9 +381,9 @@ def claim_or_row(run: Run | str, token: str, step: int | None = None) -> Claim |
         c = in_raw_txn(_claim_raw, run_id, token, step) if isinstance(first, _NotAsExpected) else first
     if isinstance(c, Claim) and history.sealed_of(c.run.checkpoint):
         # A run longer than one history segment: its sealed segments, read after the claim (they never
-        # change once written, and those the row names were committed with it or before).
-        with transaction(readonly=True) as conn:
-            c.run.checkpoint = history.load_txn(conn, run_id, c.run.checkpoint)
+        # change once written, and those the row names were committed with it or before), or kept from
+        # this process's last read of them.
+        c.run.checkpoint = history.load(run_id, c.run.checkpoint)
     return c
 
 

@@ -172,3 +172,61 @@ def test_a_version_1_row_of_a_long_run_resumes_and_is_split(mysql_store):
         row_blob = conn.execute(sa.select(rc.c.checkpoint).where(rc.c.run_id == run_id)).scalar_one()
         seqs = conn.execute(sa.select(run_history.c.seq).where(run_history.c.run_id == run_id)).scalars().all()
     assert sorted(seqs) == [0] and len(codec.decode(row_blob)["history"]) == 24 - 16
+
+
+def test_a_process_reads_each_sealed_segment_of_a_run_once(mysql_store):
+    """The segments a claim read stay with the process (they never change once written): the run's next
+    claims here join the history without the read, until a checkpoint seals a segment it has not read."""
+    from bench import steps_agent
+    from bench.step_counts import _counting
+    from checkpoints import runs
+    from tasks.delivery import deliver
+    from tasks.submit import submit_run
+
+    run_id = submit_run("long-3", steps_agent.query(40), agent=steps_agent.NAME)
+    history._SEEN.clear()
+    reads: dict[int, int] = {}
+    real = history._read_txn
+
+    def counted(conn, rid, count):  # type: ignore[no-untyped-def]
+        reads[step] = reads.get(step, 0) + 1
+        return real(conn, rid, count)
+
+    trips: dict[int, float] = {}
+    history._read_txn = counted  # type: ignore[assignment]
+    try:
+        outcome, step = "continue", 0
+        while outcome == "continue":
+            with _counting() as counts:
+                outcome = deliver(run_id, step, lambda *_: None)
+            trips[step] = counts["db round trips"]
+            step += 1
+    finally:
+        history._read_txn = real  # type: ignore[assignment]
+    assert outcome == "done"
+    assert reads == {16: 1, 32: 1}, "each segment read once, by the claim after the checkpoint that sealed it"
+    assert trips[20] == trips[10] and trips[36] == trips[10], f"later claims read nothing more: {trips}"
+    run = runs.get_run(run_id)
+    assert run is not None and [h["name"] for h in run.checkpoint["history"]] == [f"s{i}" for i in range(40)]
+
+
+def test_kept_segments_are_kept_by_store_and_run_and_decoded_afresh_for_each_reader(store):
+    from checkpoints.db import transaction
+
+    run_id = "kept-1"
+    stored = history.store({"history": _entries(20)}, 0)
+    with transaction() as conn:
+        history.write_segments_txn(conn, run_id, stored.segments)
+    history._SEEN.clear()
+    checkpoint = codec.decode(stored.blob)
+    first = history.load(run_id, checkpoint)
+    first["history"][0]["name"] = "changed in place by a program"
+    second = history.load(run_id, checkpoint)
+    assert second["history"] == _entries(20), "each load decodes its own entries"
+    seen = history._Seen(3)
+    seen.put("db-a", "r", [b"0", b"1"])
+    assert seen.get("db-b", "r", 1) is None and seen.get("db-a", "other", 1) is None
+    assert seen.get("db-a", "r", 3) is None, "every segment the row names, or none"
+    assert seen.get("db-a", "r", 2) == [b"0", b"1"]
+    seen.put("db-a", "s", [b"x", b"y"])  # four entries in a cache of three: the least recently used goes
+    assert seen.get("db-a", "r", 1) is None and seen.get("db-a", "s", 2) == [b"x", b"y"]

@@ -95,3 +95,25 @@ def test_a_list_given_encoded_beside_a_value_orjson_would_change() -> None:
     assert jsonbytes.dumps_with_list({"b": 1}, "a", [b'{"x":1}', b"2"]) == b'{"a":[{"x":1},2],"b":1}'
     with pytest.raises(ValueError, match="'a' is both"):
         jsonbytes.dumps_with_list({"a": 1}, "a", [])
+
+
+@given(values)
+def test_loads_reads_what_the_standard_library_reads(value: object) -> None:
+    for written in (jsonbytes.dumps(value), _stdlib(value).encode()):
+        assert _same(jsonbytes.loads(written), json.loads(written)), written
+
+
+@pytest.mark.parametrize("written", [
+    b'{"big":1180591620717411303424}', b'[18446744073709551616]', b'[-9223372036854775809]',  # orjson: floats
+    b'{"score":NaN}', b'[Infinity,-Infinity]', b'[1e400]', b'{"s":"\\ud800"}',  # orjson refuses them
+    b'{"id":"call_1234567890123456789012"}', b'[0.12345678901234567890123]', b'[18446744073709551615]',
+])
+def test_loads_keeps_what_orjsons_reader_would_change(written: bytes) -> None:
+    assert _same(jsonbytes.loads(written), json.loads(written))
+
+
+def test_a_blob_with_a_big_integer_decodes_exactly() -> None:
+    blob = codec.encode({"history": [{"n": 2**70, "m": -(2**63) - 1, "f": float("nan")}]})
+    [entry] = codec.decode(blob)["history"]
+    assert entry["n"] == 2**70 and type(entry["n"]) is int and entry["m"] == -(2**63) - 1
+    assert math.isnan(entry["f"])
