@@ -65,31 +65,20 @@ def test_sigkill_mid_step_resumes_once(workers, point):
 def test_sigkill_after_terminal_write_leaves_nothing_to_rescue(workers):
     """The ending's one round trip gave the slot and the lease back with the final event (tasks.endings):
     a holder killed after it holds nothing, and nothing is rescued, even after its lease would have run out."""
-    workers.start("a")
-    workers.start("b")
-    run_id, _ = _kill_at(workers, "after_terminal_write")
-    run = runs.get_run(run_id)
-    assert run.state == "done"
+    run_id, _run = _killed_after_its_terminal_write(workers, "after_terminal_write")
     r = get_redis()
     assert r.get(keys.lease(run_id)) is None, "let go with the final event"
     assert [m for m in r.zrange(keys.lease_index(run_id), 0, -1) if m.endswith(f"|{run_id}")] == []
     time.sleep(2 * 2.0 + 1)  # twice the tests' lease (conftest: 2,000 ms) and a reaper tick
     assert [e.kind for e in ledger.history(run_id)].count("rescue") == 0, "nothing was left to rescue"
-    v = check_run(run_id)
-    assert v.ok, v.failures
-    assert [e.kind for e in ledger.history(run_id)].count("done") == 1
-    assert v.resumed_events == 0
+    _judged_ended_once(run_id)
 
 
 def test_sigkill_between_the_terminal_write_and_its_ending_is_repaired(workers):
     """Killed after the terminal commit, before the round trip that gives back the slot and the lease and
     says the final event: the dead holder's lease brings a rescue, whose delivery finds the run ended and
     repairs both (tasks.endings.repair)."""
-    workers.start("a")
-    workers.start("b")
-    run_id, _ = _kill_at(workers, "before_ending")
-    run = runs.get_run(run_id)
-    assert run.state == "done"
+    run_id, run = _killed_after_its_terminal_write(workers, "before_ending")
     r = get_redis()
     assert r.zrange(keys.user_slots("u1"), 0, -1) == [run_id], "the slot is still held"
     assert events.newest_eid(run_id) != "run:done"
@@ -98,6 +87,20 @@ def test_sigkill_between_the_terminal_write_and_its_ending_is_repaired(workers):
     assert r.zrange(keys.user_slots("u1"), 0, -1) == [], "the slot given back"
     [final] = [e for e in events.read(run_id) if e.eid == "run:done"]
     assert final.data["repaired"] is True and final.data["answer"] == run.answer
+    _judged_ended_once(run_id)
+
+
+def _killed_after_its_terminal_write(workers, point: str) -> tuple[str, runs.Run]:
+    """Two workers; the one whose run reaches `point` (after its terminal commit) is killed there."""
+    workers.start("a")
+    workers.start("b")
+    run_id, _ = _kill_at(workers, point)
+    run = runs.get_run(run_id)
+    assert run is not None and run.state == "done"
+    return run_id, run
+
+
+def _judged_ended_once(run_id: str) -> None:
     v = check_run(run_id)
     assert v.ok, v.failures
     assert [e.kind for e in ledger.history(run_id)].count("done") == 1
