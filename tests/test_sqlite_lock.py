@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -60,8 +61,12 @@ def test_writers_of_one_process_take_turns_before_they_begin(sqlite_url, monkeyp
     begun (so it is not asleep in SQLite's busy handler), and it goes on once the first has committed."""
     begun: list[str] = []
     real = sqlite_lock.begin_immediate
-    monkeypatch.setattr(sqlite_lock, "begin_immediate", lambda c, s: (begun.append(threading.current_thread().name),
-                                                                     real(c, s))[1])
+
+    def recorded(c: Any, s: Any) -> Any:
+        begun.append(threading.current_thread().name)
+        return real(c, s)
+
+    monkeypatch.setattr(sqlite_lock, "begin_immediate", recorded)
 
     def second() -> None:
         with db.transaction(sqlite_url) as conn:
