@@ -46,10 +46,9 @@ def finished(c: Claim, state: str, data: dict[str, Any], emit: Emit, held: lease
     (`repair`; the sweeper's reconcile frees a slot in any case)."""
     run_id = c.run.run_id
     letting_go = held if held is not None and not held.timed_out else None
-    riders: list[scripts.Call | scripts.Command] = [admission.release_call(c.run.user_id, run_id)]
+    riders = [admission.release_call(c.run.user_id, run_id), *(letting_go.release_calls() if letting_go else [])]
     try:
-        appends = emit(*events.FINAL_EVENTS[state], data,
-                       riders=riders + (letting_go.release_calls() if letting_go else []))
+        appends = emit(*events.FINAL_EVENTS[state], data, riders=riders)
         if letting_go:
             letting_go.released = appends.riders_ran
     finally:

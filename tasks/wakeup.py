@@ -20,7 +20,7 @@ import structlog
 from celery import Celery
 from kombu import Queue
 from kombu.exceptions import BatchPublishError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from checkpoints import ledger
 from checkpoints.db import in_transaction
@@ -103,21 +103,19 @@ def _in_one_trip(run_id: str, step: int | None, reason: Reason, queue: str) -> N
     kombu sends a batch without its connection retry, so a failed one-message batch is sent again here as
     Celery's own publish would be (task_publish_retry_policy). A repeat after a lost reply may leave two
     copies: harmless, as any number of copies of a wake-up may arrive (the run row decides)."""
-    if not _app[0].conf.task_send_sent_event:  # one command: Celery's own publish, with its own retry
+    conf = _app[0].conf
+    if not conf.task_send_sent_event:  # one command: Celery's own publish, with its own retry
         _publish(run_id, step, reason, queue, queue)
         return
-    try:
-        with batch():
-            _publish(run_id, step, reason, queue, queue)
-        return
-    except BatchPublishError as exc:
-        if not _app[0].conf.task_publish_retry:
-            raise
-        log.warning("wakeup_send_retried", run_id=run_id, step=step, reason=reason, error=repr(exc.__cause__ or exc))
     policy = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 1,
-              **(_app[0].conf.task_publish_retry_policy or {})}
-    for attempt in Retrying(retry=retry_if_exception_type(BatchPublishError), reraise=True,
-                            stop=stop_after_attempt(max(int(policy["max_retries"]), 1)),
+              **(conf.task_publish_retry_policy or {})}
+
+    def retried(state: RetryCallState) -> None:
+        log.warning("wakeup_send_retried", run_id=run_id, step=step, reason=reason,
+                    error=repr(state.outcome.exception() if state.outcome else None))
+
+    for attempt in Retrying(retry=retry_if_exception_type(BatchPublishError), reraise=True, before_sleep=retried,
+                            stop=stop_after_attempt(1 + (int(policy["max_retries"]) if conf.task_publish_retry else 0)),
                             wait=wait_incrementing(policy["interval_start"], policy["interval_step"],
                                                    policy["interval_max"])):
         with attempt, batch():
