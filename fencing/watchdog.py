@@ -115,13 +115,14 @@ class Watchdog:
 
     def _loop(self) -> None:
         # Wake at least every PRESENCE_MS: between renewals a PING keeps a named connection open (and
-        # reopens it soon after a Redis restart), so fast takeover never mistakes us for dead.
-        tick_ms = min(self.heartbeat_ms, PRESENCE_MS)
-        next_renew = time.monotonic() + self.heartbeat_ms / 1000
-        while not self._stop.wait(tick_ms / 1000):
+        # reopens it soon after a Redis restart), so fast takeover never mistakes us for dead. A renewal
+        # is never put off to the next such wake-up: the lease's age at a takeover is one heartbeat.
+        heartbeat_s, presence_s = self.heartbeat_ms / 1000, PRESENCE_MS / 1000
+        next_renew = time.monotonic() + heartbeat_s
+        while not self._stop.wait(max(0.0, min(presence_s, next_renew - time.monotonic()))):
             try:
                 if time.monotonic() >= next_renew:
-                    next_renew = time.monotonic() + self.heartbeat_ms / 1000
+                    next_renew = time.monotonic() + heartbeat_s
                     self.renew_all()
                 elif self._leases:
                     get_redis().ping()

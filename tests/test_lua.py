@@ -183,6 +183,38 @@ def test_watchdog_renews_in_one_batch_and_marks_lost_leases(redis_client):
     assert redis_client.zscore(keys.lease_index("w1"), a.member) > now_ms()
 
 
+@pytest.mark.parametrize("heartbeat_ms", [300, 750])
+def test_a_started_watchdog_renews_every_heartbeat(redis_client, heartbeat_ms):
+    """The lease's age at a takeover is bounded by one heartbeat: the watchdog's loop also wakes every
+    PRESENCE_MS (500 ms) to ping, and a renewal must not wait for the next such tick (with a 750 ms
+    heartbeat that made renewals 1,000 ms apart, so a frozen holder was taken over ~250 ms early)."""
+    from fencing.watchdog import Watchdog
+
+    wd = Watchdog(heartbeat_ms=heartbeat_ms)
+    lease = Lease("hb1", 10 * heartbeat_ms)
+    assert lease.acquire(0)
+    seen: list[float] = []
+    renew_all = wd.renew_all
+
+    def timed() -> None:
+        renew_all()
+        seen.append(time.monotonic())
+
+    wd.renew_all = timed  # type: ignore[method-assign]
+    wd.track(lease)
+    wd.start()
+    try:
+        deadline = time.monotonic() + 6 * heartbeat_ms / 1000 + 1
+        while len(seen) < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        wd.stop()
+    assert len(seen) >= 5, f"only {len(seen)} renewals"
+    gaps = [round((b - a) * 1000) for a, b in zip(seen, seen[1:])]
+    assert max(gaps) < heartbeat_ms + 150, f"renewals {gaps} ms apart; the heartbeat is {heartbeat_ms} ms"
+    assert min(gaps) > heartbeat_ms - 150, f"renewals {gaps} ms apart; the heartbeat is {heartbeat_ms} ms"
+
+
 def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client, monkeypatch):
     """Pipelined scripts go as plain EVALSHA (no SCRIPT EXISTS before each execute); after the server
     lost its scripts (restart, SCRIPT FLUSH) they are loaded and the pipeline is sent again, once."""
