@@ -16,7 +16,7 @@ if imported_while_green_patching():
 from kombu import Queue
 
 from fenced_core.errors import ConfigError
-from fenced_core.settings import INLINE_WINDOW_S, get_settings
+from fenced_core.settings import INLINE_WINDOW_S, get_settings, warn_unknown_names
 from tasks import queues
 from tasks.kombu_client_cache import install as _reuse_publish_clients
 from tasks.kombu_close_fix import install as _keep_workers_through_broker_failover
@@ -33,6 +33,7 @@ try:
 except ConfigError as _exc:  # `celery -A tasks worker` with a bad FENCED_* variable: one line, exit 2
     print(f"error: {_exc}", file=sys.stderr)
     raise SystemExit(2) from None
+warn_unknown_names()  # a misspelt FENCED_* variable would otherwise be ignored silently
 
 broker_url = _settings.effective_broker_url
 broker_connection_retry_on_startup = True

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
+import os
+import sys
 import warnings
+from collections.abc import Mapping
 from typing import Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -21,6 +25,20 @@ SENTINEL_SCHEME = "redis+sentinel://"  # fenced's Redis through Sentinel (fencin
 # A delivery starts a next step inline (FENCED_INLINE_STEPS) only this long after it began, so one Celery
 # task never outlives its hard time limit (celeryconfig: step timeout + this window + 30 s).
 INLINE_WINDOW_S = 20
+# FENCED_* is fenced's namespace. Besides Settings' fields these names are read (the rest is a typo that
+# would be ignored silently, so it is warned about; tests/test_settings_names.py keeps this list true):
+# the live stream's settings (fenced_api.live), the shopping example's (examples/shopping/settings.py),
+# the container entrypoints (docker/), the worker's node name (tasks.app sets it), and the scripts' own.
+OTHER_NAMES = frozenset({
+    "FENCED_LIVE_PING_S", "FENCED_LIVE_SILENT_S", "FENCED_LIVE_QUEUE_BYTES", "FENCED_LIVE_BLOCK_MS",
+    "FENCED_LIVE_CLOSE_WAIT_S",
+    "FENCED_STUB_STEP_MS", "FENCED_STUB_TOKENS", "FENCED_STUB_COUNT_PAID", "FENCED_STUB_TOOL_MS", "FENCED_MODEL",
+    "FENCED_OPENAI_BASE_URL", "FENCED_OPENAI_API_KEY", "FENCED_OPENAI_MODEL", "FENCED_CARD_TTL_S",
+    "FENCED_ROLE", "FENCED_API_PORT", "FENCED_HTTP_PORT", "FENCED_WORKER_NAME", "FENCED_HEALTH_TIMEOUT_S",
+    "FENCED_NODE_NAME",
+    "FENCED_CLUSTER_NODE_TIMEOUT_MS", "FENCED_MUTATIONS", "FENCED_SCREENSHOTS",
+})
+OTHER_PREFIXES = ("FENCED_TEST_", "FENCED_BENCH_", "FENCED_SENTINEL_", "FENCED_REQUIRE_")
 
 
 class Settings(BaseSettings):
@@ -216,6 +234,29 @@ class Settings(BaseSettings):
     @property
     def is_mysql(self) -> bool:
         return self.db_url.startswith("mysql")
+
+
+def unknown_names(environ: Mapping[str, str]) -> list[str]:
+    """One line per FENCED_* variable in `environ` that nothing reads (a misspelt setting), with the
+    nearest known name when there is one."""
+    known = {"FENCED_" + name.upper() for name in Settings.model_fields} | OTHER_NAMES
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("FENCED_") or name in known or name.startswith(OTHER_PREFIXES):
+            continue
+        near = difflib.get_close_matches(name.removeprefix("FENCED_"), [k.removeprefix("FENCED_") for k in known],
+                                         n=1, cutoff=0.6)
+        hint = f" (did you mean FENCED_{near[0]}?)" if near else ""
+        lines.append(f"{name} is not a fenced setting and is ignored{hint}")
+    return lines
+
+
+@functools.cache
+def warn_unknown_names() -> None:
+    """Print `warning: …` once per process for each misspelt FENCED_* variable (the CLI and every process
+    that loads celeryconfig call this)."""
+    for line in unknown_names(os.environ):
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def safe_url(url: str) -> str:

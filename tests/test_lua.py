@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
 
 import pytest
@@ -210,9 +212,10 @@ def test_a_started_watchdog_renews_every_heartbeat(redis_client, heartbeat_ms):
     finally:
         wd.stop()
     assert len(seen) >= 5, f"only {len(seen)} renewals"
-    gaps = [round((b - a) * 1000) for a, b in zip(seen, seen[1:])]
-    assert max(gaps) < heartbeat_ms + 150, f"renewals {gaps} ms apart; the heartbeat is {heartbeat_ms} ms"
-    assert min(gaps) > heartbeat_ms - 150, f"renewals {gaps} ms apart; the heartbeat is {heartbeat_ms} ms"
+    gaps = [round((b - a) * 1000) for a, b in itertools.pairwise(seen)]
+    # The median, so one wake-up delayed by a busy machine does not decide it (the defect was every gap).
+    assert abs(statistics.median(gaps) - heartbeat_ms) < 100, \
+        f"renewals {gaps} ms apart; the heartbeat is {heartbeat_ms} ms"
 
 
 def test_pipelines_survive_a_flushed_script_cache_in_one_round_trip(redis_client, monkeypatch):
