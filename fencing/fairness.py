@@ -12,6 +12,7 @@ from fencing import keys, scripts
 from fencing.broker import get_broker_redis
 from fencing.connection import get_redis, process_token
 from fencing.scripts import scripts_for
+from fencing.turns import take_turn
 
 log = structlog.get_logger("fencing.fairness")
 
@@ -19,7 +20,7 @@ log = structlog.get_logger("fencing.fairness")
 def promote_large(large_queue: str, normal_queue: str, interval_ms: int, force: bool = False) -> str | None:
     """Move the oldest large message ahead of the normal backlog if both queues wait and no worker
     promoted within `interval_ms` (or `force`). Returns the promoted run id ("" if unreadable), or None."""
-    if not force and not get_redis().set(keys.PROMOTER_LOCK, process_token(), nx=True, px=interval_ms):
+    if not force and not take_turn(get_redis(), keys.PROMOTER_LOCK, process_token(), interval_ms):
         return None
     broker = get_broker_redis()
     moved = scripts_for(broker)(scripts.promote(large_queue_key=keys.broker_queue(large_queue),

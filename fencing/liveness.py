@@ -19,6 +19,7 @@ from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis, p
 from fencing.lease import now_ms
 from fencing.reaper import rescue, rescue_many
 from fencing.scripts import scripts_for
+from fencing.turns import take_turn
 
 log = structlog.get_logger("fencing.liveness")
 Send = Callable[[str], None]
@@ -32,7 +33,7 @@ def check_connections(send: Send) -> list[str]:
     presumed dead costs O(the leases it took), read from its own set."""
     s = get_settings()
     client = get_redis()
-    if not client.set(keys.LIVENESS_LOCK, process_token(), nx=True, px=s.liveness_tick_ms):
+    if not take_turn(client, keys.LIVENESS_LOCK, process_token(), s.liveness_tick_ms):
         return []
     holders: list[str] = client.zrange(keys.PROCESSES, 0, -1)  # type: ignore[assignment]
     if not holders:

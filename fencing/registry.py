@@ -17,6 +17,7 @@ from fenced_core.settings import get_settings
 from fencing import keys
 from fencing.broker import get_broker_redis
 from fencing.connection import CLIENT_NAME_PREFIX, connected_names, get_redis
+from fencing.turns import take_turn
 
 TAG = "{routing}"
 WORKERS = f"{keys.PREFIX}:{TAG}:workers"  # ZSET worker name -> last heartbeat ms (online and offline)
@@ -343,7 +344,7 @@ def routed_backlog(beat_after_ms: int) -> tuple[list[str], int]:
 
 def try_scan_lock(token: str, interval_ms: int) -> bool:
     """True for the one process that scans in this interval."""
-    return bool(get_redis().set(SCAN_LOCK, token, nx=True, px=interval_ms))
+    return take_turn(get_redis(), SCAN_LOCK, token, interval_ms)
 
 
 def warn(event: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ from fencing import admission, events, keys
 from fencing.connection import get_redis, process_token
 from fencing.lease import now_ms
 from fencing.reaper import rescue
+from fencing.turns import take_turn
 
 log = structlog.get_logger("fencing.sweeper")
 # Stalled rows are read in pages (keyset, oldest first), so runs stuck behind hung ones (whose leases
@@ -39,7 +40,7 @@ def sweep(send: Callable[[str], None], force: bool = False, expired: Expired | N
     (its row is `failed`, class "expired", once this sweep's transaction committed)."""
     s = get_settings()
     client = get_redis()
-    if not force and not client.set(keys.SWEEPER_LOCK, process_token(), nx=True, px=s.sweeper_interval_ms):
+    if not force and not take_turn(client, keys.SWEEPER_LOCK, process_token(), s.sweeper_interval_ms):
         return []
     now = now_ms()
     # A run left waiting on a question that was answered would wait forever: queued again, it is
