@@ -50,6 +50,14 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def refused(exc: Exception) -> NoReturn:
+    """Exit on a refused request: 1 when it was refused because a store could not be reached (admission
+    "unavailable": retry later, as for any outage), else 2 (bad input or a limit). Nothing was written."""
+    from fenced_core.errors import AdmissionRefused
+
+    fail(str(exc), 1 if isinstance(exc, AdmissionRefused) and exc.limit == "unavailable" else 2)
+
+
 def emit_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 

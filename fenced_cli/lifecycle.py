@@ -17,6 +17,7 @@ from fenced_cli.common import (
     fail,
     out,
     refuse_if_epochs_behind,
+    refused,
     resolve_run,
 )
 
@@ -126,5 +127,5 @@ def dlq_replay(run_id: RunArg, user: UserOpt = "cli") -> None:
     try:
         step = service.replay_dead_letter(run.run_id, user)
     except (InvalidRequest, AdmissionRefused) as exc:
-        fail(str(exc))
+        refused(exc)
     typer.echo(f"replaying run {run.run_id} from step {step}")

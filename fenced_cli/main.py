@@ -27,6 +27,7 @@ from fenced_cli.common import (
     fail,
     out,
     refuse_if_epochs_behind,
+    refused,
     resolve_run,
     run_dict,
 )
@@ -63,7 +64,7 @@ def submit(
     try:
         run_id = submit_run(user, query, kind.value, idempotency_key=key)
     except (InvalidRequest, AdmissionRefused) as exc:
-        fail(str(exc))
+        refused(exc)
     if as_json:
         emit_json({"run_id": run_id, "user_id": user, "kind": kind.value, "query": query})
     else:
@@ -383,8 +384,13 @@ def main() -> None:
         set_retry_window(CLI_DB_RETRY_S)
     try:
         app()
-    except (redis.ConnectionError, kombu.exceptions.OperationalError) as exc:
-        typer.echo(f"error: Redis unreachable: {exc}", err=True)
+    except redis.ConnectionError as exc:
+        reason = str(exc).removeprefix("Redis unavailable: ")  # fencing's own wording of a driver error
+        typer.echo(f"error: Redis unreachable at {safe_url(get_settings().redis_url)}: {reason}", err=True)
+        sys.exit(1)
+    except kombu.exceptions.OperationalError as exc:
+        typer.echo(f"error: the broker is unreachable at {safe_url(get_settings().effective_broker_url)}: {exc}",
+                   err=True)
         sys.exit(1)
     except sa.exc.DBAPIError as exc:
         if is_missing_schema(exc):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import sys
 import warnings
 from collections.abc import Mapping
@@ -38,6 +39,7 @@ OTHER_NAMES = frozenset({
     "FENCED_NODE_NAME",
     "FENCED_CLUSTER_NODE_TIMEOUT_MS", "FENCED_MUTATIONS", "FENCED_SCREENSHOTS",
 })
+_CREDENTIALS = re.compile(r"(//[^/@:;,]*)(:[^/@;,]*)?@")  # `//user:password@` in a URL of several hosts
 OTHER_PREFIXES = ("FENCED_TEST_", "FENCED_BENCH_", "FENCED_SENTINEL_", "FENCED_REQUIRE_")
 
 
@@ -260,13 +262,17 @@ def warn_unknown_names() -> None:
 
 
 def safe_url(url: str) -> str:
-    """A store URL (database or Redis) as it may be shown: without its password."""
+    """A store URL (database or Redis) as it may be shown: without its password. A URL of several hosts
+    (a Redis Cluster's or Sentinel's, which SQLAlchemy does not parse) has each `//user:password@` masked;
+    one with an `@` left over after that is not shown at all."""
     from sqlalchemy.engine import make_url
 
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
-        return "(unparsable url)"
+        if "@" in _CREDENTIALS.sub("//", url):
+            return "(unparsable url)"
+        return _CREDENTIALS.sub(lambda m: m.group(1) + (":***@" if m.group(2) is not None else "@"), url)
 
 
 @functools.cache

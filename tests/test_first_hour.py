@@ -3,6 +3,7 @@ environment variables: bad settings, bracketed data, a store without schema, sto
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -193,13 +194,21 @@ def test_a_locked_sqlite_file_fails_saying_how_long_it_really_waited(tmp_path, r
 
 
 def test_redis_down_says_redis_is_unreachable_and_writes_nothing(tmp_path):
+    """An outage exits 1 (retry later), whichever step meets it first: admission on an empty store, the
+    epoch check once the store holds an unfinished run (it exited 2 on the one and 1 on the other)."""
     db = f"sqlite:///{tmp_path / 'store.db'}"
-    proc = fenced("submit", "buy a hat", FENCED_DB_URL=db, FENCED_REDIS_URL="redis://127.0.0.1:1/0")
-    assert proc.returncode == 2
+    down = "redis://:secret@127.0.0.1:1/0"
+    proc = fenced("submit", "buy a hat", FENCED_DB_URL=db, FENCED_REDIS_URL=down)
+    assert proc.returncode == 1
     line = one_line_error(proc)
-    assert "Redis is unreachable at redis://127.0.0.1:1/0" in line and "nothing was written" in line
+    assert "Redis is unreachable at redis://:***@127.0.0.1:1/0" in line and "nothing was written" in line
     runs = fenced("runs", "--json", FENCED_DB_URL=db)
     assert runs.stdout.strip() in ("[]", ""), runs.stdout
+    assert fenced("submit", "buy a coat", FENCED_DB_URL=db).returncode == 0  # an unfinished run in the store
+    proc = fenced("submit", "buy a hat", FENCED_DB_URL=db, FENCED_REDIS_URL=down)
+    assert proc.returncode == 1
+    assert one_line_error(proc).startswith("error: Redis unreachable at redis://:***@127.0.0.1:1/0: "), proc.stderr
+    assert len(json.loads(fenced("runs", "--json", FENCED_DB_URL=db).stdout)) == 1, "the second refusal wrote nothing"
 
 
 @pytest.mark.parametrize(("args", "pool"), [((), "thread"), (("--pool", "prefork"), "prefork")])

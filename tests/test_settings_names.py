@@ -79,3 +79,15 @@ def test_a_worker_process_warns_when_it_loads_celeryconfig_and_only_once():
     assert out.stdout.strip() == "redis://127.0.0.1:1/0"
     assert out.stderr.count("warning: FENCED_HEARTBEAT is not a fenced setting and is ignored (did you mean "
                             "FENCED_HEARTBEAT_MS?)") == 1, out.stderr
+
+
+def test_a_url_of_several_hosts_is_shown_without_its_passwords():
+    from fenced_core.settings import safe_url
+
+    assert safe_url("redis://:secret@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
+    assert safe_url("redis+cluster://:pw@h1:7000,h2:7001") == "redis+cluster://:***@h1:7000,h2:7001"
+    assert safe_url("redis+sentinel://u:pw@h1:1,h2:2/main/0") == "redis+sentinel://u:***@h1:1,h2:2/main/0"
+    assert safe_url("sentinel://:a@h1:1;sentinel://:b@h2:2") == "sentinel://:***@h1:1;sentinel://:***@h2:2"
+    assert safe_url("redis+cluster://h1:7000,h2:7001") == "redis+cluster://h1:7000,h2:7001"
+    for unsure in ("redis+cluster://:p/w@h1:1,h2:2", "redis+cluster://:p@w@h1:1,h2:2"):
+        assert safe_url(unsure) == "(unparsable url)", "a password the mask cannot be sure of is not shown"
