@@ -39,7 +39,6 @@ OTHER_NAMES = frozenset({
     "FENCED_NODE_NAME",
     "FENCED_CLUSTER_NODE_TIMEOUT_MS", "FENCED_MUTATIONS", "FENCED_SCREENSHOTS",
 })
-_CREDENTIALS = re.compile(r"(//[^/@:;,]*)(:[^/@;,]*)?@")  # `//user:password@` in a URL of several hosts
 OTHER_PREFIXES = ("FENCED_TEST_", "FENCED_BENCH_", "FENCED_SENTINEL_", "FENCED_REQUIRE_")
 
 
@@ -259,6 +258,9 @@ def warn_unknown_names() -> None:
     that loads celeryconfig call this)."""
     for line in unknown_names(os.environ):
         print(f"warning: {line}", file=sys.stderr)
+
+
+_CREDENTIALS = re.compile(r"(//[^/@:;,]*)(:[^/@;,]*)?@")  # `//user:password@` in a URL of several hosts
 
 
 def safe_url(url: str) -> str:

@@ -16,6 +16,7 @@ def take_turn(client: Any, key: str, token: str, period_ms: int) -> bool:
     timer on time to the millisecond found it still held about half the time (18 of 40 ticks, measured),
     so a lone worker would run each job every second period. A worker's timer fires a little late, so
     it mostly did not (the chaos kill's takeover was the same before and after this change). Two
-    processes' turns may now start 0.8 period apart instead of one; every job is safe to run twice
-    (each is idempotent or fenced)."""
+    processes' turns may now start 0.8 period apart instead of one. Every job is safe to run twice (each
+    is idempotent or fenced); the liveness check counts a miss per check, so a holder's two misses may
+    now be 0.8 tick apart (a mistaken presumption costs work, never correctness: epochs fence it)."""
     return bool(client.set(key, token, nx=True, px=max(1, int(period_ms * TURN_SHARE))))
