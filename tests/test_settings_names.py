@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fenced_core.settings import OTHER_NAMES, OTHER_PREFIXES, Settings, unknown_names
@@ -91,3 +92,25 @@ def test_a_url_of_several_hosts_is_shown_without_its_passwords():
     assert safe_url("redis+cluster://h1:7000,h2:7001") == "redis+cluster://h1:7000,h2:7001"
     for unsure in ("redis+cluster://:p/w@h1:1,h2:2", "redis+cluster://:p@w@h1:1,h2:2"):
         assert safe_url(unsure) == "(unparsable url)", "a password the mask cannot be sure of is not shown"
+
+
+def test_fenced_worker_warns_once(tmp_path):
+    """`fenced worker` replaces itself with celery, whose celeryconfig warns: the CLI does not warn first."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FENCED_")}
+    env = clean | {"FENCED_LEASE_MS": "5", "FENCED_REDIS_URL": "redis://127.0.0.1:1/0",
+                   "FENCED_DB_URL": f"sqlite:///{tmp_path}/store.db"}
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "fenced_cli", "worker"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=sink)
+        try:
+            deadline = time.monotonic() + 90
+            # Celery is up once its consumer reports the broker it cannot reach (after celeryconfig loaded).
+            while "Cannot connect to" not in err.read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+    stderr = err.read_text()
+    assert "Cannot connect to" in stderr, stderr[-2000:]
+    assert stderr.count("warning: FENCED_LEASE_MS is not a fenced setting") == 1, stderr[-2000:]
