@@ -121,12 +121,13 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the core's info logs.")] = False,
+def _root(ctx: typer.Context,
+          verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the core's info logs.")] = False,
           _v: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                            help="Print the version and exit.")] = False) -> None:
     from examples.shopping.settings import get_shopping_settings
     from fenced_core.errors import ConfigError
-    from fenced_core.settings import get_settings
+    from fenced_core.settings import get_settings, warn_unknown_names
     from harness.demo import quiet_core_logs
 
     try:
@@ -134,6 +135,8 @@ def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show th
         get_shopping_settings()  # the demo's own (FENCED_MODEL, FENCED_STUB_*, ...): demo, cards, confirm
     except ConfigError as exc:
         fail(str(exc))
+    if ctx.invoked_subcommand not in ("worker", "flower"):  # those exec celery, whose celeryconfig warns
+        warn_unknown_names()
 
     if not verbose:
         quiet_core_logs()

@@ -375,10 +375,8 @@ def main() -> None:
     import sqlalchemy as sa
 
     from checkpoints.db import is_missing_schema, set_retry_window
-    from fenced_core.settings import get_settings, safe_url, warn_unknown_names
+    from fenced_core.settings import get_settings, safe_url
 
-    if sys.argv[1:2] not in (["worker"], ["flower"]):  # those exec celery, whose celeryconfig warns
-        warn_unknown_names()
     if "FENCED_DB_RETRY_S" not in os.environ:
         # A person at a prompt: a database outage is reported after a few seconds, not a worker's minute.
         # Set in this process only: the workers this command starts keep their own window.

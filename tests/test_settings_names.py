@@ -56,9 +56,13 @@ def test_the_names_read_outside_settings_are_listed():
     assert stale == [], f"listed but read nowhere: {stale}"
 
 
+def _env(**env: str) -> dict[str, str]:
+    """This environment without its FENCED_* variables, and with `env`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FENCED_")} | env
+
+
 def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FENCED_")}
-    return subprocess.run(args, cwd=ROOT, env=clean | env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=120)
 
 
 def test_the_cli_warns_once_and_goes_on(tmp_path):
@@ -96,9 +100,8 @@ def test_a_url_of_several_hosts_is_shown_without_its_passwords():
 
 def test_fenced_worker_warns_once(tmp_path):
     """`fenced worker` replaces itself with celery, whose celeryconfig warns: the CLI does not warn first."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FENCED_")}
-    env = clean | {"FENCED_LEASE_MS": "5", "FENCED_REDIS_URL": "redis://127.0.0.1:1/0",
-                   "FENCED_DB_URL": f"sqlite:///{tmp_path}/store.db"}
+    env = _env(FENCED_LEASE_MS="5", FENCED_REDIS_URL="redis://127.0.0.1:1/0",
+               FENCED_DB_URL=f"sqlite:///{tmp_path}/store.db")
     err = tmp_path / "stderr.txt"
     with err.open("w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "fenced_cli", "worker"], cwd=ROOT, env=env,
