@@ -17,7 +17,6 @@ checkpoint's history entries are each encoded once (checkpoints.history.EntryByt
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +25,16 @@ import orjson
 _OPTIONS = orjson.OPT_SORT_KEYS
 # Nineteen digits in a row: an integer orjson's reader might turn into a float (one below -2**63 has 19).
 # Found inside a string or a fraction too, where it only sends the read the standard library's way.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# Looked for as nineteen zeros in the bytes with every digit made a zero: bytes.translate and a substring
+# search run in C, about a tenth of what the regular expression [0-9]{19} cost on a history segment
+# (~13 vs ~160 us on 9 KB, the largest item of a long run's claim).
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGITS = b"0" * 19
+
+
+def _has_long_digits(data: bytes) -> bool:
+    """Whether `data` holds nineteen ASCII digits in a row."""
+    return _LONG_DIGITS in data.translate(_DIGITS_AS_ZERO)
 
 
 def _exact(value: Any) -> bytes | None:
@@ -53,7 +61,7 @@ def loads(data: bytes) -> Any:
     without a run of 19 digits (every integer then fits orjson's 64 bits, and its floats are correctly
     rounded, as the standard library's are) and without NaN, Infinity or a lone surrogate (which orjson
     refuses: then the standard library reads them, as before)."""
-    if _LONG_DIGITS.search(data) is None:
+    if not _has_long_digits(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

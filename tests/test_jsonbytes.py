@@ -117,3 +117,18 @@ def test_a_blob_with_a_big_integer_decodes_exactly() -> None:
     [entry] = codec.decode(blob)["history"]
     assert entry["n"] == 2**70 and type(entry["n"]) is int and entry["m"] == -(2**63) - 1
     assert math.isnan(entry["f"])
+
+
+@given(st.lists(st.sampled_from([b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8", b"9", b"a", b".", b"-", b'"',
+                                 b"e", b"\xc3\xa9"]), max_size=60).map(b"".join))
+def test_the_long_digit_check_finds_exactly_nineteen_digits_in_a_row(data: bytes) -> None:
+    """The fast check (translate + substring) says what the regular expression [0-9]{19} says."""
+    import re
+
+    assert jsonbytes._has_long_digits(data) == (re.search(rb"[0-9]{19}", data) is not None), data
+
+
+@pytest.mark.parametrize("digit", "0123456789")
+def test_every_digit_counts_in_a_long_run(digit: str) -> None:
+    assert jsonbytes._has_long_digits(f'{{"n":{digit * 19}}}'.encode())
+    assert not jsonbytes._has_long_digits(f'{{"n":{digit * 18}}}'.encode())
