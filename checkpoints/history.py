@@ -12,8 +12,9 @@ the whole history and no `history_sealed`: they read as they are and are split o
 A segment's content is fixed once written: its entries precede the checkpoint that sealed it, and a
 later holder resumes from that checkpoint or a later one. A retried transaction rewrites the same
 segment (delete + insert by its key), so a lost commit reply cannot duplicate one. So a process keeps
-the segments it has read (`load`): a run's next claim in the same process joins its history without
-reading the database again, until a checkpoint seals a segment it has not read.
+the segments it has read (`load`) and those its own committed checkpoints sealed (`written`): a run's
+next claim in the same process joins its history without reading the database again, unless another
+process sealed a segment since.
 
 An entry is fixed once recorded, in the tail as in a segment: `EntryBytes` encodes each entry once for
 all the writes of one delivery (a step writes two checkpoints, and an inline delivery several steps), so
@@ -131,8 +132,17 @@ def load_txn(conn: Connection, run_id: str, checkpoint: dict[str, Any]) -> dict[
     if not sealed:
         return checkpoint
     blobs = _read_txn(conn, run_id, sealed // SEGMENT)
-    _SEEN.put(str(conn.engine.url), run_id, blobs)
+    _SEEN.put(str(conn.engine.url), run_id, list(enumerate(blobs)))
     return _joined(checkpoint, blobs)
+
+
+def written(run_id: str, segments: list[tuple[int, bytes]]) -> None:
+    """After the fenced transaction that sealed `segments` committed (never before: a holder fenced out
+    wrote nothing, and the step it recorded runs again on another holder, perhaps differently): they
+    are what the run store holds for good, so this process's next claim of the run joins them without
+    reading them back (the default database's, as every checkpoint write is)."""
+    if segments:
+        _SEEN.put(_default_store(), run_id, segments)
 
 
 def load(run_id: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -191,9 +201,10 @@ class _Seen:
                 self._blobs.move_to_end(key)
             return [self._blobs[key] for key in wanted]
 
-    def put(self, store: str, run_id: str, blobs: list[bytes]) -> None:
+    def put(self, store: str, run_id: str, segments: list[tuple[int, bytes]]) -> None:
+        """Keep `segments` ((seq, blob) pairs) of the run."""
         with self._lock:
-            for seq, blob in enumerate(blobs):
+            for seq, blob in segments:
                 self._blobs[(store, run_id, seq)] = blob
                 self._blobs.move_to_end((store, run_id, seq))
             while len(self._blobs) > self.size:

@@ -646,8 +646,10 @@ def _store(c: Claim, checkpoint: dict[str, Any]) -> history.Stored:
 
 
 def _sealed(c: Claim, stored: history.Stored) -> None:
-    """After a committed write: the claim's view of what is sealed, for its next write."""
+    """After a committed write: the claim's view of what is sealed, for its next write, and the segments
+    it sealed kept by this process (a later claim of the run here need not read them back)."""
     c.run.checkpoint[history.SEALED] = stored.sealed
+    history.written(c.run.run_id, stored.segments)
 
 
 def write_decided(c: Claim, step: int, checkpoint: dict[str, Any], usage: Usage, last_event_id: str) -> None:

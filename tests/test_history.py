@@ -175,8 +175,10 @@ def test_a_version_1_row_of_a_long_run_resumes_and_is_split(mysql_store):
 
 
 def test_a_process_reads_each_sealed_segment_of_a_run_once(mysql_store):
-    """The segments a claim read stay with the process (they never change once written): the run's next
-    claims here join the history without the read, until a checkpoint seals a segment it has not read."""
+    """The segments a claim read, and those this process's own committed checkpoints sealed, stay with the
+    process (they never change once written): the run's next claims here join the history without a read.
+    Forgotten at step 20 (as if the run came from another worker), segment 0 is read once, by that claim;
+    segment 1, sealed here afterwards, never."""
     from bench import steps_agent
     from bench.step_counts import _counting
     from checkpoints import runs
@@ -197,6 +199,8 @@ def test_a_process_reads_each_sealed_segment_of_a_run_once(mysql_store):
     try:
         outcome, step = "continue", 0
         while outcome == "continue":
+            if step == 20:
+                history._SEEN.clear()
             with _counting() as counts:
                 outcome = deliver(run_id, step, lambda *_: None)
             trips[step] = counts["db round trips"]
@@ -204,10 +208,33 @@ def test_a_process_reads_each_sealed_segment_of_a_run_once(mysql_store):
     finally:
         history._read_txn = real  # type: ignore[assignment]
     assert outcome == "done"
-    assert reads == {16: 1, 32: 1}, "each segment read once, by the claim after the checkpoint that sealed it"
-    assert trips[20] == trips[10] and trips[36] == trips[10], f"later claims read nothing more: {trips}"
+    assert reads == {20: 1}, "a segment read only by a claim in a process that neither read nor sealed it"
+    assert trips[16] == trips[10] and trips[36] == trips[10], f"later claims read nothing more: {trips}"
+    assert trips[20] > trips[10], f"the forgotten segment read: {trips}"
     run = runs.get_run(run_id)
     assert run is not None and [h["name"] for h in run.checkpoint["history"]] == [f"s{i}" for i in range(40)]
+
+
+def test_a_segment_a_fenced_out_holder_would_have_sealed_is_not_kept(mysql_store):
+    """Kept only after its transaction committed: a holder fenced out sealed nothing, and the step it
+    recorded runs again on the new holder, perhaps to another record."""
+    from bench import steps_agent
+    from checkpoints import runs
+    from checkpoints.db import get_engine
+    from fenced_core.errors import FencedOut
+    from tasks.submit import submit_run
+
+    run_id = submit_run("long-4", steps_agent.query(20), agent=steps_agent.NAME)
+    assert _drive(run_id, until_step=15) == "continue"
+    history._SEEN.clear()
+    old = runs.claim(run_id, "old-host:1:x/a")
+    assert old is not None and len(old.run.checkpoint["history"]) == 15
+    assert runs.claim(run_id, "new-host:1:x/b") is not None  # the takeover: the old claim's epoch is stale
+    record = {"step": 15, "name": "s15", "results": {}}
+    with pytest.raises(FencedOut):
+        runs.write_step_done(old, 15, {"history": [*old.run.checkpoint["history"], record]},
+                             runs.Usage(), old.run.last_event_id or "0-0")
+    assert history._SEEN.get(str(get_engine().url), run_id, 1) is None, "nothing kept from a refused write"
 
 
 def test_kept_segments_are_kept_by_store_and_run_and_decoded_afresh_for_each_reader(store):
@@ -224,9 +251,9 @@ def test_kept_segments_are_kept_by_store_and_run_and_decoded_afresh_for_each_rea
     second = history.load(run_id, checkpoint)
     assert second["history"] == _entries(20), "each load decodes its own entries"
     seen = history._Seen(3)
-    seen.put("db-a", "r", [b"0", b"1"])
+    seen.put("db-a", "r", [(0, b"0"), (1, b"1")])
     assert seen.get("db-b", "r", 1) is None and seen.get("db-a", "other", 1) is None
     assert seen.get("db-a", "r", 3) is None, "every segment the row names, or none"
     assert seen.get("db-a", "r", 2) == [b"0", b"1"]
-    seen.put("db-a", "s", [b"x", b"y"])  # four entries in a cache of three: the least recently used goes
+    seen.put("db-a", "s", [(0, b"x"), (1, b"y")])  # four entries in a cache of three: the least recently used goes
     assert seen.get("db-a", "r", 1) is None and seen.get("db-a", "s", 2) == [b"x", b"y"]
