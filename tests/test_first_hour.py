@@ -19,8 +19,9 @@ BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fenced(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "fenced"), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+def fenced(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`fenced ARGS` with `env` added to this process's environment (and the test Redis), within 60 s."""
+    return subprocess.run([str(BIN / "fenced"), *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "FENCED_REDIS_URL": REDIS_URL, **env})
 
 
