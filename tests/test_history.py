@@ -209,8 +209,8 @@ def test_a_process_reads_each_sealed_segment_of_a_run_once(mysql_store):
         history._read_txn = real  # type: ignore[assignment]
     assert outcome == "done"
     assert reads == {20: 1}, "a segment read only by a claim in a process that neither read nor sealed it"
+    # Round trips are counted at PyMySQL's socket (0 through mysqlclient): the reads above hold for both.
     assert trips[16] == trips[10] and trips[36] == trips[10], f"later claims read nothing more: {trips}"
-    assert trips[20] > trips[10], f"the forgotten segment read: {trips}"
     run = runs.get_run(run_id)
     assert run is not None and [h["name"] for h in run.checkpoint["history"]] == [f"s{i}" for i in range(40)]
 
