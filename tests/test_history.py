@@ -220,7 +220,6 @@ def test_a_segment_a_fenced_out_holder_would_have_sealed_is_not_kept(mysql_store
     recorded runs again on the new holder, perhaps to another record."""
     from bench import steps_agent
     from checkpoints import runs
-    from checkpoints.db import get_engine
     from fenced_core.errors import FencedOut
     from tasks.submit import submit_run
 
@@ -234,7 +233,7 @@ def test_a_segment_a_fenced_out_holder_would_have_sealed_is_not_kept(mysql_store
     with pytest.raises(FencedOut):
         runs.write_step_done(old, 15, {"history": [*old.run.checkpoint["history"], record]},
                              runs.Usage(), old.run.last_event_id or "0-0")
-    assert history._SEEN.get(str(get_engine().url), run_id, 1) is None, "nothing kept from a refused write"
+    assert history._SEEN.get(history._default_store(), run_id, 1) is None, "nothing kept from a refused write"
 
 
 def test_kept_segments_are_kept_by_store_and_run_and_decoded_afresh_for_each_reader(store):
